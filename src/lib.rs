@@ -1,0 +1,12 @@
+//! hsiedge: hyperspectral cube inference on Jetson-class edge devices.
+//!
+//! The pipeline runs sensor cube -> tiles -> engine -> stitched maps -> sinks; see `ARCHITECTURE.md`.
+
+pub mod config;
+pub mod cube;
+pub mod engine;
+pub mod map;
+pub mod model;
+pub mod pipeline;
+pub mod simulate;
+pub mod tile;
