@@ -1,1 +1,233 @@
-fn main() {}
+//! The `hsiedge` command: thin glue over the library.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+
+use hsiedge::engine::{EngineOptions, Provider};
+use hsiedge::job::{Job, JobSpec, parse_batch, parse_mode};
+
+#[derive(Parser)]
+#[command(
+    name = "hsiedge",
+    version,
+    about = "Hyperspectral cube inference for Jetson-class edge devices"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args, Clone)]
+struct EngineArgs {
+    /// ONNX Runtime library (else ORT_DYLIB_PATH, beside the executable, system paths, Python onnxruntime).
+    #[arg(long, value_name = "PATH")]
+    ort_lib: Option<PathBuf>,
+    /// Intra-op threads (0: one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+impl EngineArgs {
+    fn options(&self) -> EngineOptions {
+        EngineOptions {
+            ort_lib: self.ort_lib.clone(),
+            threads: self.threads,
+            provider: Provider::Cpu,
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Classify (or unmix) a scene into maps.
+    Classify {
+        /// The scene's ENVI header (or data file).
+        scene: PathBuf,
+        /// Model manifest.
+        #[arg(long)]
+        model: PathBuf,
+        /// Output folder.
+        #[arg(long)]
+        out: PathBuf,
+        /// auto, dense or patch.
+        #[arg(long, default_value = "auto")]
+        mode: String,
+        /// auto or patches (tiles in dense mode) per batch.
+        #[arg(long, default_value = "auto")]
+        batch: String,
+        /// Tile side in output pixels.
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_TILE)]
+        tile: usize,
+        /// Reference label map (ENVI) to report accuracy against.
+        #[arg(long)]
+        labels: Option<PathBuf>,
+        /// Also write every output channel (scores.img).
+        #[arg(long)]
+        keep_scores: bool,
+        /// Print the summary as JSON on stdout.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// Print an ENVI header or a model manifest.
+    Inspect {
+        /// A `.hdr` or `manifest.json`.
+        file: PathBuf,
+    },
+    /// Write a synthetic scene drawn from a model's class statistics.
+    Simulate {
+        /// Model manifest.
+        #[arg(long)]
+        model: PathBuf,
+        /// Output folder.
+        #[arg(long)]
+        out: PathBuf,
+        /// Lines.
+        #[arg(long, default_value_t = 128)]
+        lines: usize,
+        /// Samples per line.
+        #[arg(long, default_value_t = 128)]
+        samples: usize,
+        /// Fields in the layout.
+        #[arg(long, default_value_t = 24)]
+        fields: usize,
+        /// Random seed.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// List the environment variables hsiedge reads.
+    Env,
+}
+
+fn main() -> std::process::ExitCode {
+    match run(Cli::parse()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("hsiedge: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Classify {
+            scene,
+            model,
+            out,
+            mode,
+            batch,
+            tile,
+            labels,
+            keep_scores,
+            json,
+            engine,
+        } => {
+            let spec = JobSpec {
+                scene,
+                manifest: model,
+                out,
+                mode: parse_mode(&mode)?,
+                batch: parse_batch(&batch)?,
+                tile,
+                engine: engine.options(),
+                labels,
+                keep_scores,
+            };
+            classify(spec, json)
+        }
+        Command::Inspect { file } => inspect(&file),
+        Command::Simulate {
+            model,
+            out,
+            lines,
+            samples,
+            fields,
+            seed,
+        } => {
+            let manifest = hsiedge::model::Manifest::load(&model)?;
+            let opts = hsiedge::simulate::SimulateOptions {
+                lines,
+                samples,
+                fields,
+                seed,
+            };
+            let s = hsiedge::simulate::simulate(&manifest, &opts, &out)?;
+            println!("SYNTHETIC scene {} (labels {})", s.scene.display(), s.labels.display());
+            Ok(())
+        }
+        Command::Env => {
+            for v in hsiedge::config::ALL {
+                println!("{:<16} default: {}\n{:<16} {}", v.name, v.default, "", v.meaning);
+            }
+            Ok(())
+        }
+    }
+}
+
+fn classify(spec: JobSpec, json: bool) -> Result<()> {
+    let mut job = Job::resolve(spec)?;
+    let total = job.cube.lines() * job.cube.samples();
+    let bar = if std::io::stderr().is_terminal() && !json {
+        let b = indicatif::ProgressBar::new(total as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} px {per_sec} eta {eta}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        Some(b)
+    } else {
+        None
+    };
+    let (maps, stats) = job.infer(&mut |done| {
+        if let Some(b) = &bar {
+            b.set_position(done as u64);
+        }
+    })?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    let summary = job.write(&maps, &stats)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&summary).context("serialising the summary")?
+        );
+    } else {
+        println!(
+            "{} pixels in {:.3} s ({:.0} px/s), mode {:?}, batch {}, model {}",
+            summary.pixels, summary.elapsed_s, summary.pixels_per_s, summary.mode, summary.batch, summary.model
+        );
+        if let Some(a) = &summary.accuracy {
+            println!(
+                "overall accuracy {:.2} % ({} of {} labelled pixels)",
+                a.overall_accuracy * 100.0,
+                a.correct,
+                a.labelled_pixels
+            );
+        }
+        println!("maps in {}", job.spec.out.display());
+    }
+    Ok(())
+}
+
+fn inspect(file: &std::path::Path) -> Result<()> {
+    let is_json = file.extension().is_some_and(|e| e.eq_ignore_ascii_case("json"));
+    if is_json {
+        let m = hsiedge::model::Manifest::load(file)?;
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&m).context("serialising the manifest")?
+        );
+    } else {
+        let h = hsiedge::cube::Header::read(&hsiedge::cube::header_path_for(file))?;
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&h).context("serialising the header")?
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,328 @@
+//! ENVI hyperspectral cubes: header parsing, zero-copy reading, and encoding of written maps.
+//!
+//! A [`Cube`] maps its data file read-only after checking the file's size against the header, and
+//! decodes one line at a time into `f32` in band-major order (`bands x samples`), whatever the
+//! file's interleave, data type and byte order.
+
+mod header;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+pub use header::{ByteOrder, DataType, Header, Interleave, data_path_for, header_path_for};
+
+/// Errors from reading or describing cubes.
+#[derive(Debug, thiserror::Error)]
+pub enum CubeError {
+    /// The file could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A header field is missing or malformed.
+    #[error("{path}: header field `{field}`: {message}")]
+    Header {
+        /// The header file.
+        path: PathBuf,
+        /// The field (lower-case ENVI key).
+        field: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// No data file sits beside the header.
+    #[error("{header}: no data file found (tried {})", display_paths(tried))]
+    MissingData {
+        /// The header file.
+        header: PathBuf,
+        /// The paths looked at.
+        tried: Vec<PathBuf>,
+    },
+    /// The data file is shorter or longer than the header describes.
+    #[error(
+        "{path}: file is {actual} bytes but the header ({header}) describes {expected} bytes \
+         (header offset + samples x lines x bands x bytes per sample)"
+    )]
+    Size {
+        /// The data file.
+        path: PathBuf,
+        /// The header that describes it.
+        header: PathBuf,
+        /// Bytes the header implies.
+        expected: u64,
+        /// Bytes on disk.
+        actual: u64,
+    },
+}
+
+fn display_paths(paths: &[PathBuf]) -> String {
+    paths
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A cube on disk, mapped read-only.
+#[derive(Debug)]
+pub struct Cube {
+    header: Header,
+    header_path: PathBuf,
+    data_path: PathBuf,
+    map: crate::ffi::Mapping,
+}
+
+impl Cube {
+    /// Opens a cube from its header or data file path.
+    ///
+    /// The data file's length must equal `header offset` plus the bytes the header describes;
+    /// anything else is an error before mapping. The file must not be truncated while the `Cube` is
+    /// alive (see [`crate::ffi::map_readonly`]).
+    pub fn open(path: &Path) -> Result<Self, CubeError> {
+        let header_path = header_path_for(path);
+        let header = Header::read(&header_path)?;
+        let data_path = data_path_for(&header_path)?;
+        let io = |source| CubeError::Io {
+            path: data_path.clone(),
+            source,
+        };
+        let file = File::open(&data_path).map_err(io)?;
+        let actual = file.metadata().map_err(io)?.len();
+        let expected = header
+            .data_bytes()
+            .and_then(|n| n.checked_add(header.header_offset))
+            .map(|n| n as u64)
+            .unwrap_or(u64::MAX);
+        if actual != expected {
+            return Err(CubeError::Size {
+                path: data_path,
+                header: header_path,
+                expected,
+                actual,
+            });
+        }
+        let map = crate::ffi::map_readonly(&file).map_err(io)?;
+        Ok(Self {
+            header,
+            header_path,
+            data_path,
+            map,
+        })
+    }
+
+    /// The parsed header.
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    /// The header file's path.
+    pub fn header_path(&self) -> &Path {
+        &self.header_path
+    }
+
+    /// The data file's path.
+    pub fn data_path(&self) -> &Path {
+        &self.data_path
+    }
+
+    /// Lines in the cube.
+    pub fn lines(&self) -> usize {
+        self.header.lines
+    }
+
+    /// Pixels per line.
+    pub fn samples(&self) -> usize {
+        self.header.samples
+    }
+
+    /// Spectral bands.
+    pub fn bands(&self) -> usize {
+        self.header.bands
+    }
+
+    fn data(&self) -> &[u8] {
+        &self.map[self.header.header_offset..]
+    }
+
+    /// Decodes line `line` into `out` as `bands x samples` (band-major) raw values.
+    ///
+    /// `line` must be below [`Cube::lines`] and `out` exactly `bands * samples` long; both are the
+    /// caller's invariants (the tiler derives them from this header), checked with a debug assertion.
+    pub fn read_line(&self, line: usize, out: &mut [f32]) {
+        let h = &self.header;
+        let (s, b, l) = (h.samples, h.bands, h.lines);
+        debug_assert!(line < l && out.len() == s * b);
+        let size = h.data_type.size();
+        let data = self.data();
+        match h.interleave {
+            Interleave::Bil => {
+                let start = line * b * s * size;
+                decode(&data[start..start + b * s * size], h.data_type, h.byte_order, out);
+            }
+            Interleave::Bsq => {
+                for band in 0..b {
+                    let start = ((band * l + line) * s) * size;
+                    decode(
+                        &data[start..start + s * size],
+                        h.data_type,
+                        h.byte_order,
+                        &mut out[band * s..(band + 1) * s],
+                    );
+                }
+            }
+            Interleave::Bip => {
+                let start = line * s * b * size;
+                let mut pix = vec![0f32; b];
+                for sample in 0..s {
+                    let at = start + sample * b * size;
+                    decode(&data[at..at + b * size], h.data_type, h.byte_order, &mut pix);
+                    for (band, v) in pix.iter().enumerate() {
+                        out[band * s + sample] = *v;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads the whole cube as `lines x bands x samples` raw values (BIL order).
+    pub fn read_all(&self) -> Vec<f32> {
+        let per_line = self.bands() * self.samples();
+        let mut out = vec![0f32; per_line * self.lines()];
+        for (line, chunk) in out.chunks_exact_mut(per_line).enumerate() {
+            self.read_line(line, chunk);
+        }
+        out
+    }
+}
+
+/// Decodes `out.len()` consecutive samples of `dt` from `bytes`.
+pub fn decode(bytes: &[u8], dt: DataType, order: ByteOrder, out: &mut [f32]) {
+    macro_rules! run {
+        ($t:ty, $n:literal) => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact($n)) {
+                let mut a = [0u8; $n];
+                a.copy_from_slice(c);
+                *o = match order {
+                    ByteOrder::Little => <$t>::from_le_bytes(a),
+                    ByteOrder::Big => <$t>::from_be_bytes(a),
+                } as f32;
+            }
+        };
+    }
+    match dt {
+        DataType::U8 => {
+            for (o, v) in out.iter_mut().zip(bytes) {
+                *o = f32::from(*v);
+            }
+        }
+        DataType::I16 => run!(i16, 2),
+        DataType::U16 => run!(u16, 2),
+        DataType::I32 => run!(i32, 4),
+        DataType::F32 => run!(f32, 4),
+        DataType::F64 => run!(f64, 8),
+    }
+}
+
+/// Encodes `f32` samples little-endian, as written maps store them.
+pub fn encode_f32(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// Writes a cube whose value at (line, band, sample) is `100*line + 10*band + sample`.
+    fn write_cube(dir: &Path, interleave: Interleave, dt: DataType, order: ByteOrder) -> PathBuf {
+        let (s, l, b) = (4usize, 3usize, 2usize);
+        let mut h = Header::new(s, l, b, dt, interleave);
+        h.byte_order = order;
+        h.header_offset = 7;
+        let value = |line: usize, band: usize, sample: usize| (100 * line + 10 * band + sample) as f64;
+        let mut idx = Vec::new();
+        for a in 0..l * b * s {
+            let (line, band, sample) = match interleave {
+                Interleave::Bsq => ((a / s) % l, a / (s * l), a % s),
+                Interleave::Bil => (a / (s * b), (a / s) % b, a % s),
+                Interleave::Bip => (a / (s * b), a % b, (a / b) % s),
+            };
+            idx.push(value(line, band, sample));
+        }
+        let mut bytes = vec![0xAAu8; 7];
+        for v in idx {
+            let le = order == ByteOrder::Little;
+            let mut push = |x: Vec<u8>| bytes.extend(if le { x } else { x.into_iter().rev().collect() });
+            match dt {
+                DataType::U8 => push(vec![v as u8]),
+                DataType::I16 => push((v as i16).to_le_bytes().to_vec()),
+                DataType::U16 => push((v as u16).to_le_bytes().to_vec()),
+                DataType::I32 => push((v as i32).to_le_bytes().to_vec()),
+                DataType::F32 => push((v as f32).to_le_bytes().to_vec()),
+                DataType::F64 => push(v.to_le_bytes().to_vec()),
+            }
+        }
+        let name = format!("c_{:?}_{:?}_{:?}", interleave, dt, order);
+        let hdr = dir.join(format!("{name}.hdr"));
+        std::fs::write(&hdr, h.to_text()).unwrap();
+        std::fs::File::create(dir.join(format!("{name}.img")))
+            .unwrap()
+            .write_all(&bytes)
+            .unwrap();
+        hdr
+    }
+
+    #[test]
+    fn every_layout_decodes_the_same() {
+        let dir = tempfile::tempdir().unwrap();
+        for il in [Interleave::Bsq, Interleave::Bil, Interleave::Bip] {
+            for dt in [
+                DataType::U8,
+                DataType::I16,
+                DataType::U16,
+                DataType::I32,
+                DataType::F32,
+                DataType::F64,
+            ] {
+                for order in [ByteOrder::Little, ByteOrder::Big] {
+                    let cube = Cube::open(&write_cube(dir.path(), il, dt, order)).unwrap();
+                    let mut line = vec![0f32; 8];
+                    cube.read_line(2, &mut line);
+                    assert_eq!(
+                        line,
+                        vec![200., 201., 202., 203., 210., 211., 212., 213.],
+                        "{il:?} {dt:?} {order:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn size_mismatch_is_an_error_naming_both_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let hdr = write_cube(dir.path(), Interleave::Bil, DataType::I16, ByteOrder::Little);
+        let img = hdr.with_extension("img");
+        let bytes = std::fs::read(&img).unwrap();
+        std::fs::write(&img, &bytes[..bytes.len() - 3]).unwrap();
+        let err = Cube::open(&hdr).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, CubeError::Size { expected, actual, .. } if expected == actual + 3),
+            "{text}"
+        );
+        assert!(text.contains(".img") && text.contains(".hdr"), "{text}");
+    }
+
+    #[test]
+    fn missing_data_file_lists_candidates() {
+        let dir = tempfile::tempdir().unwrap();
+        let hdr = dir.path().join("lonely.hdr");
+        std::fs::write(&hdr, Header::new(1, 1, 1, DataType::U8, Interleave::Bsq).to_text()).unwrap();
+        let err = Cube::open(&hdr).unwrap_err();
+        assert!(matches!(err, CubeError::MissingData { .. }));
+        assert!(err.to_string().contains("lonely.img"));
+    }
+}

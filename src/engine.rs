@@ -1,0 +1,400 @@
+//! ONNX Runtime: finding the shared library, choosing an execution provider, and running graphs.
+//!
+//! The `ort` crate is the one FFI wrapper around ONNX Runtime (status codes become `Result`, handles
+//! are released in `Drop`); this module adds library discovery, provider selection that reports every
+//! fallback, and a session type that checks its graph against the model manifest.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use ort::session::Session;
+use ort::session::builder::GraphOptimizationLevel;
+use ort::value::TensorRef;
+
+use crate::config;
+use crate::model::{self, Manifest, Role, TensorSig};
+
+/// Version of ONNX Runtime that `make ort` provisions and the docs name.
+pub const ORT_VERSION: &str = "1.31.1";
+
+/// Errors from ONNX Runtime and its discovery.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// No libonnxruntime was found anywhere it is looked for.
+    #[error(
+        "ONNX Runtime library not found; looked in:\n  {}\n\
+         install it with `make ort` (puts libonnxruntime {ORT_VERSION} under target/ort), \
+         `pip install onnxruntime=={ORT_VERSION}`, or pass --ort-lib / set ORT_DYLIB_PATH",
+        tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join("\n  ")
+    )]
+    LibraryNotFound {
+        /// Every path or source consulted, in order.
+        tried: Vec<PathBuf>,
+    },
+    /// A library was named explicitly but does not exist.
+    #[error("{source_name} names {path}, which does not exist")]
+    NamedLibraryMissing {
+        /// `--ort-lib` or `ORT_DYLIB_PATH`.
+        source_name: String,
+        /// The path given.
+        path: PathBuf,
+    },
+    /// The library exists but could not be loaded or initialised.
+    #[error("{path}: cannot load ONNX Runtime: {message}")]
+    Load {
+        /// The library.
+        path: PathBuf,
+        /// The loader's message.
+        message: String,
+    },
+    /// ONNX Runtime was already initialised from another library in this process.
+    #[error("ONNX Runtime is already loaded from {loaded}; cannot switch to {requested} in the same process")]
+    AlreadyLoaded {
+        /// The library in use.
+        loaded: PathBuf,
+        /// The one asked for now.
+        requested: PathBuf,
+    },
+    /// A graph failed to load or has an unusable signature.
+    #[error("{path}: {message}")]
+    Graph {
+        /// The ONNX file.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+    /// The graph does not match its manifest.
+    #[error(transparent)]
+    Model(#[from] model::ModelError),
+    /// A run failed.
+    #[error("{path}: inference on input {shape:?} failed: {message}")]
+    Run {
+        /// The ONNX file.
+        path: PathBuf,
+        /// The input shape.
+        shape: Vec<usize>,
+        /// ONNX Runtime's message.
+        message: String,
+    },
+}
+
+/// Where the library was found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LibSource {
+    /// `--ort-lib`.
+    Flag,
+    /// `ORT_DYLIB_PATH`.
+    Env,
+    /// Beside the executable (or in `../lib` from it).
+    BesideExecutable,
+    /// A system library directory.
+    System,
+    /// An installed Python `onnxruntime` package.
+    Python,
+}
+
+/// A located library.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LibLocation {
+    /// The shared object.
+    pub path: PathBuf,
+    /// How it was found.
+    pub source: LibSource,
+}
+
+/// Finds libonnxruntime: `explicit` (`--ort-lib`), then `ORT_DYLIB_PATH`, then beside the executable,
+/// then system library paths, then an installed Python `onnxruntime`.
+pub fn find_library(explicit: Option<&Path>) -> Result<LibLocation, EngineError> {
+    if let Some(p) = explicit {
+        return existing(p, "--ort-lib", LibSource::Flag);
+    }
+    if let Some(p) = config::ORT_DYLIB_PATH.path() {
+        return existing(&p, config::ORT_DYLIB_PATH.name, LibSource::Env);
+    }
+    let mut tried = Vec::new();
+    let mut dirs: Vec<(PathBuf, LibSource)> = Vec::new();
+    if let Ok(exe) = std::env::current_exe()
+        && let Some(dir) = exe.parent()
+    {
+        dirs.push((dir.to_path_buf(), LibSource::BesideExecutable));
+        dirs.push((dir.join("../lib"), LibSource::BesideExecutable));
+        dirs.push((dir.join("../lib/hsiedge"), LibSource::BesideExecutable));
+    }
+    for d in system_lib_dirs() {
+        dirs.push((d, LibSource::System));
+    }
+    for (dir, source) in dirs {
+        if let Some(p) = lib_in(&dir) {
+            return Ok(LibLocation { path: p, source });
+        }
+        tried.push(dir);
+    }
+    match python_onnxruntime_dir() {
+        Some(dir) => {
+            if let Some(p) = lib_in(&dir.join("capi")) {
+                return Ok(LibLocation {
+                    path: p,
+                    source: LibSource::Python,
+                });
+            }
+            tried.push(dir.join("capi"));
+        }
+        None => tried.push(PathBuf::from(format!(
+            "python onnxruntime package ({} -c 'import onnxruntime')",
+            config::HSIEDGE_PYTHON.get().unwrap_or_else(|| "python3".into())
+        ))),
+    }
+    Err(EngineError::LibraryNotFound { tried })
+}
+
+fn existing(p: &Path, source_name: &str, source: LibSource) -> Result<LibLocation, EngineError> {
+    if p.is_file() {
+        Ok(LibLocation {
+            path: p.to_path_buf(),
+            source,
+        })
+    } else {
+        Err(EngineError::NamedLibraryMissing {
+            source_name: source_name.into(),
+            path: p.to_path_buf(),
+        })
+    }
+}
+
+/// The newest-looking `libonnxruntime.so*` in `dir` (plain `.so` first, then versioned names).
+fn lib_in(dir: &Path) -> Option<PathBuf> {
+    let plain = dir.join("libonnxruntime.so");
+    if plain.is_file() {
+        return Some(plain);
+    }
+    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("libonnxruntime.so.") && p.is_file())
+        })
+        .collect();
+    found.sort();
+    found.pop()
+}
+
+fn system_lib_dirs() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
+        .map(|s| std::env::split_paths(&s).collect())
+        .unwrap_or_default();
+    for d in [
+        "/usr/local/lib",
+        "/usr/lib",
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib/hsiedge",
+    ] {
+        v.push(PathBuf::from(d));
+    }
+    v
+}
+
+fn python_onnxruntime_dir() -> Option<PathBuf> {
+    let python = config::HSIEDGE_PYTHON.get().unwrap_or_else(|| "python3".into());
+    let out = std::process::Command::new(python)
+        .args([
+            "-c",
+            "import importlib.util as u, os; s = u.find_spec('onnxruntime'); print(os.path.dirname(s.origin) if s else '')",
+        ])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let dir = String::from_utf8(out.stdout).ok()?.trim().to_string();
+    (!dir.is_empty()).then(|| PathBuf::from(dir))
+}
+
+/// Execution providers. Only the CPU provider exists in this build; GPU providers are added here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Provider {
+    /// ONNX Runtime's default CPU provider (MLAS).
+    Cpu,
+}
+
+impl Provider {
+    /// ONNX Runtime's name for the provider.
+    pub fn ort_name(self) -> &'static str {
+        match self {
+            Self::Cpu => "CPUExecutionProvider",
+        }
+    }
+}
+
+/// How sessions are built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// `--ort-lib`.
+    pub ort_lib: Option<PathBuf>,
+    /// Intra-op threads (0: ONNX Runtime's default, one per core).
+    pub threads: usize,
+    /// Execution provider.
+    pub provider: Provider,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        Self {
+            ort_lib: None,
+            threads: 0,
+            provider: Provider::Cpu,
+        }
+    }
+}
+
+/// A loaded ONNX Runtime: the library and its environment, shared by every session of the process.
+#[derive(Debug)]
+pub struct Runtime {
+    env: ort::environment::Environment,
+    location: LibLocation,
+    options: EngineOptions,
+}
+
+static LOADED: OnceLock<LibLocation> = OnceLock::new();
+
+impl Runtime {
+    /// Finds and loads ONNX Runtime. A process loads one library; asking for another is an error.
+    pub fn new(options: EngineOptions) -> Result<Self, EngineError> {
+        let location = find_library(options.ort_lib.as_deref())?;
+        if let Some(loaded) = LOADED.get()
+            && loaded.path != location.path
+        {
+            return Err(EngineError::AlreadyLoaded {
+                loaded: loaded.path.clone(),
+                requested: location.path,
+            });
+        }
+        let load_err = |message: String| EngineError::Load {
+            path: location.path.clone(),
+            message,
+        };
+        let builder = ort::init_from(&location.path).map_err(|e| load_err(e.to_string()))?;
+        let env = builder
+            .with_name("hsiedge")
+            .build()
+            .map_err(|e| load_err(e.to_string()))?;
+        let _ = LOADED.set(location.clone());
+        Ok(Self { env, location, options })
+    }
+
+    /// Where the library came from.
+    pub fn location(&self) -> &LibLocation {
+        &self.location
+    }
+
+    /// The library's build string (version, commit).
+    pub fn build_info(&self) -> String {
+        ort::info().to_string()
+    }
+
+    /// The provider sessions use.
+    pub fn provider(&self) -> Provider {
+        self.options.provider
+    }
+
+    /// Builds a session for `path` and checks it against `manifest` in `role`.
+    pub fn graph(&self, manifest: &Manifest, role: Role, path: &Path) -> Result<Graph, EngineError> {
+        let g = |message: String| EngineError::Graph {
+            path: path.to_path_buf(),
+            message,
+        };
+        let mut b = Session::builder(&self.env).map_err(|e| g(e.to_string()))?;
+        b = b
+            .with_optimization_level(GraphOptimizationLevel::Level3)
+            .map_err(|e| g(e.to_string()))?;
+        if self.options.threads > 0 {
+            b = b
+                .with_intra_threads(self.options.threads)
+                .map_err(|e| g(e.to_string()))?;
+        }
+        let session = b.commit_from_file(path).map_err(|e| g(e.to_string()))?;
+        let sig = |outlet: &ort::value::Outlet| -> Result<TensorSig, EngineError> {
+            let shape = outlet
+                .dtype()
+                .tensor_shape()
+                .ok_or_else(|| g(format!("`{}` is not a tensor", outlet.name())))?;
+            match outlet.dtype().tensor_type() {
+                Some(ort::value::TensorElementType::Float32) => {}
+                other => {
+                    return Err(g(format!(
+                        "`{}` has element type {other:?}, expected float32",
+                        outlet.name()
+                    )));
+                }
+            }
+            Ok(TensorSig {
+                name: outlet.name().to_string(),
+                dims: shape.iter().map(|d| usize::try_from(*d).ok()).collect(),
+            })
+        };
+        let (input, output) = match (session.inputs(), session.outputs()) {
+            ([i], [o]) => (sig(i)?, sig(o)?),
+            (i, o) => {
+                return Err(g(format!(
+                    "has {} inputs and {} outputs; hsiedge runs graphs with one of each",
+                    i.len(),
+                    o.len()
+                )));
+            }
+        };
+        model::check_io(manifest, role, path, &input, &output)?;
+        Ok(Graph {
+            session,
+            path: path.to_path_buf(),
+            input,
+            output,
+        })
+    }
+}
+
+/// A session over one graph with one float32 input and one float32 output.
+#[derive(Debug)]
+pub struct Graph {
+    session: Session,
+    path: PathBuf,
+    input: TensorSig,
+    output: TensorSig,
+}
+
+impl Graph {
+    /// The ONNX file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The input tensor's signature.
+    pub fn input(&self) -> &TensorSig {
+        &self.input
+    }
+
+    /// The output tensor's signature.
+    pub fn output(&self) -> &TensorSig {
+        &self.output
+    }
+
+    /// Runs the graph on `data` of `shape`, returning the output's shape and values.
+    pub fn run(&mut self, data: &[f32], shape: &[usize]) -> Result<(Vec<usize>, Vec<f32>), EngineError> {
+        let fail = |message: String| EngineError::Run {
+            path: self.path.clone(),
+            shape: shape.to_vec(),
+            message,
+        };
+        let tensor = TensorRef::from_array_view((shape.to_vec(), data)).map_err(|e| fail(e.to_string()))?;
+        let outputs = self
+            .session
+            .run(ort::inputs![self.input.name.as_str() => tensor])
+            .map_err(|e| fail(e.to_string()))?;
+        let (out_shape, values) = outputs[0]
+            .try_extract_tensor::<f32>()
+            .map_err(|e| fail(e.to_string()))?;
+        let dims = out_shape.iter().map(|d| usize::try_from(*d).unwrap_or(0)).collect();
+        Ok((dims, values.to_vec()))
+    }
+}

@@ -1,0 +1,590 @@
+//! Model manifests (`models/<name>/manifest.json`, format in `models/MANIFEST.md`) and their
+//! validation against the ONNX graphs they describe.
+//!
+//! Parsing and validation ([`Manifest::parse`]) touch no files; [`Manifest::load`] adds the read and
+//! resolves the ONNX paths; [`check_io`] compares a manifest with the tensor signature a session reports.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Errors from manifests and their ONNX files.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The manifest could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The manifest.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The manifest is not valid JSON for the schema.
+    #[error("{path}: not a valid manifest: {source}")]
+    Json {
+        /// The manifest.
+        path: PathBuf,
+        /// The JSON error (names line and column).
+        source: serde_json::Error,
+    },
+    /// A field holds a value the runtime cannot use.
+    #[error("{path}: field `{field}`: {message}")]
+    Field {
+        /// The manifest.
+        path: PathBuf,
+        /// The field, as a JSON path.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An ONNX file the manifest names is missing.
+    #[error("{manifest}: field `files.{role}` names {path}, which does not exist")]
+    MissingOnnx {
+        /// The manifest.
+        manifest: PathBuf,
+        /// Which file (`patch`, `dense`, ...).
+        role: String,
+        /// The resolved path.
+        path: PathBuf,
+    },
+    /// The ONNX graph does not match the manifest.
+    #[error("{onnx}: tensor `{tensor}` {detail}, but {manifest} field `{field}` {expected}")]
+    Mismatch {
+        /// The ONNX file.
+        onnx: PathBuf,
+        /// The graph tensor.
+        tensor: String,
+        /// What the graph says.
+        detail: String,
+        /// The manifest.
+        manifest: PathBuf,
+        /// The manifest field.
+        field: String,
+        /// What the manifest implies.
+        expected: String,
+    },
+}
+
+/// What a model predicts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Task {
+    /// One class per pixel.
+    Classification,
+    /// Endmember fractions per pixel.
+    Abundance,
+}
+
+/// Patch input layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// `N x 1 x C x p x p` (3-D convolution input).
+    N1chw,
+    /// `N x C x p x p`.
+    Nchw,
+    /// `N x C` (per-pixel spectral model).
+    Nc,
+}
+
+impl Layout {
+    /// Tensor rank of the patch input.
+    pub fn rank(self) -> usize {
+        match self {
+            Self::N1chw => 5,
+            Self::Nchw => 4,
+            Self::Nc => 2,
+        }
+    }
+
+    /// Input shape for `n` samples of `c` bands over an `h x w` window.
+    pub fn shape(self, n: usize, c: usize, h: usize, w: usize) -> Vec<usize> {
+        match self {
+            Self::N1chw => vec![n, 1, c, h, w],
+            Self::Nchw => vec![n, c, h, w],
+            Self::Nc => vec![n, c],
+        }
+    }
+}
+
+/// Whether outputs are raw scores or already normalised.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputKind {
+    /// Unnormalised scores; the runtime applies softmax for confidence.
+    Logits,
+    /// Non-negative values summing to one.
+    Probabilities,
+}
+
+/// Input description.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Input {
+    /// Raw cube bands the graph expects.
+    pub bands: usize,
+    /// Patch tensor layout.
+    pub layout: Layout,
+    /// Per-band mean, raw units.
+    pub mean: Vec<f32>,
+    /// Per-band standard deviation, raw units, > 0.
+    pub std: Vec<f32>,
+}
+
+/// One output channel.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct OutputClass {
+    /// Class id written to maps (1..=255); unused for abundance.
+    #[serde(default)]
+    pub id: u32,
+    /// Class or endmember name.
+    pub name: String,
+    /// Display colour.
+    #[serde(default)]
+    pub color: Option<[u8; 3]>,
+}
+
+/// ONNX files, relative to the manifest's folder.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Files {
+    /// The patch model.
+    pub patch: PathBuf,
+    /// The fully convolutional twin.
+    #[serde(default)]
+    pub dense: Option<PathBuf>,
+    /// fp16 patch variant.
+    #[serde(default)]
+    pub patch_fp16: Option<PathBuf>,
+    /// fp16 dense variant.
+    #[serde(default)]
+    pub dense_fp16: Option<PathBuf>,
+}
+
+/// Spectral statistics of one output class, raw units.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClassStats {
+    /// Class id (matches `outputs[k].id`).
+    #[serde(default)]
+    pub id: u32,
+    /// Mean spectrum.
+    pub mean: Vec<f32>,
+    /// Residual per-band standard deviation.
+    pub std: Vec<f32>,
+    /// Low-rank covariance factors, each a full spectrum.
+    #[serde(default)]
+    pub basis: Vec<Vec<f32>>,
+}
+
+/// A model manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Model name.
+    pub name: String,
+    /// Manifest version string.
+    #[serde(default)]
+    pub version: Option<String>,
+    /// What the model predicts.
+    pub task: Task,
+    /// Human description.
+    #[serde(default)]
+    pub description: Option<String>,
+    /// Input description.
+    pub input: Input,
+    /// Patch side p (odd).
+    pub patch: usize,
+    /// Halo r = (p - 1) / 2.
+    pub halo: usize,
+    /// Output channels in graph order.
+    pub outputs: Vec<OutputClass>,
+    /// ONNX files.
+    pub files: Files,
+    /// Whether outputs are logits or probabilities.
+    pub output_kind: OutputKind,
+    /// Per-class statistics for simulation.
+    #[serde(default)]
+    pub class_stats: Vec<ClassStats>,
+    /// Free-form provenance.
+    #[serde(default)]
+    pub provenance: serde_json::Value,
+    /// Metrics file name or inline metrics.
+    #[serde(default)]
+    pub metrics: serde_json::Value,
+    /// Folder the manifest was loaded from; relative `files` resolve against it.
+    #[serde(skip)]
+    pub dir: PathBuf,
+    /// The manifest's own path.
+    #[serde(skip)]
+    pub path: PathBuf,
+}
+
+impl Manifest {
+    /// Parses and validates manifest text; `path` names the file in errors and anchors `files`.
+    pub fn parse(text: &str, path: &Path) -> Result<Self, ModelError> {
+        let mut m: Manifest = serde_json::from_str(text).map_err(|source| ModelError::Json {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        m.path = path.to_path_buf();
+        m.dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        m.validate()?;
+        Ok(m)
+    }
+
+    /// Reads, parses and validates a manifest, and checks that its ONNX files exist.
+    pub fn load(path: &Path) -> Result<Self, ModelError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let m = Self::parse(&text, path)?;
+        for (role, file) in m.file_roles() {
+            let full = m.dir.join(file);
+            if !full.is_file() {
+                return Err(ModelError::MissingOnnx {
+                    manifest: m.path.clone(),
+                    role: role.into(),
+                    path: full,
+                });
+            }
+        }
+        Ok(m)
+    }
+
+    fn file_roles(&self) -> Vec<(&'static str, &PathBuf)> {
+        let f = &self.files;
+        let mut v = vec![("patch", &f.patch)];
+        for (role, p) in [
+            ("dense", &f.dense),
+            ("patch_fp16", &f.patch_fp16),
+            ("dense_fp16", &f.dense_fp16),
+        ] {
+            if let Some(p) = p {
+                v.push((role, p));
+            }
+        }
+        v
+    }
+
+    fn field_err(&self, field: &str, message: impl Into<String>) -> ModelError {
+        ModelError::Field {
+            path: self.path.clone(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ModelError> {
+        let c = self.input.bands;
+        if c == 0 {
+            return Err(self.field_err("input.bands", "must be at least 1"));
+        }
+        for (field, v) in [("input.mean", &self.input.mean), ("input.std", &self.input.std)] {
+            if v.len() != c {
+                return Err(self.field_err(field, format!("{} values for {c} bands", v.len())));
+            }
+            if let Some(i) = v.iter().position(|x| !x.is_finite()) {
+                return Err(self.field_err(&format!("{field}[{i}]"), "not a finite number"));
+            }
+        }
+        if let Some(i) = self.input.std.iter().position(|s| *s <= 0.0) {
+            return Err(self.field_err(&format!("input.std[{i}]"), "must be > 0"));
+        }
+        if self.patch == 0 || self.patch % 2 == 0 {
+            return Err(self.field_err("patch", format!("{} is not an odd size", self.patch)));
+        }
+        if self.halo * 2 + 1 != self.patch {
+            return Err(self.field_err(
+                "halo",
+                format!(
+                    "{} does not equal (patch - 1) / 2 = {}",
+                    self.halo,
+                    (self.patch - 1) / 2
+                ),
+            ));
+        }
+        if self.input.layout == Layout::Nc && self.patch != 1 {
+            return Err(self.field_err("input.layout", "\"nc\" is a per-pixel layout and needs patch = 1"));
+        }
+        if self.outputs.is_empty() {
+            return Err(self.field_err("outputs", "no output channels"));
+        }
+        if self.task == Task::Classification {
+            let mut seen = std::collections::HashSet::new();
+            for (k, o) in self.outputs.iter().enumerate() {
+                if o.id == 0 || o.id > 255 {
+                    return Err(self.field_err(
+                        &format!("outputs[{k}].id"),
+                        format!("{} is outside 1..=255 (0 means unclassified)", o.id),
+                    ));
+                }
+                if !seen.insert(o.id) {
+                    return Err(self.field_err(&format!("outputs[{k}].id"), format!("id {} repeats", o.id)));
+                }
+            }
+        }
+        if self.task == Task::Abundance && self.output_kind != OutputKind::Probabilities {
+            return Err(self.field_err("output_kind", "abundance models must output probabilities"));
+        }
+        for (k, s) in self.class_stats.iter().enumerate() {
+            for (field, v) in [("mean", &s.mean), ("std", &s.std)] {
+                if v.len() != c {
+                    return Err(self.field_err(
+                        &format!("class_stats[{k}].{field}"),
+                        format!("{} values for {c} bands", v.len()),
+                    ));
+                }
+            }
+            if let Some(j) = s.basis.iter().position(|b| b.len() != c) {
+                return Err(self.field_err(
+                    &format!("class_stats[{k}].basis[{j}]"),
+                    format!("{} values for {c} bands", s.basis[j].len()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Output channels K.
+    pub fn classes(&self) -> usize {
+        self.outputs.len()
+    }
+
+    /// Absolute path of the patch model.
+    pub fn patch_path(&self) -> PathBuf {
+        self.dir.join(&self.files.patch)
+    }
+
+    /// Absolute path of the dense twin, when the manifest has one.
+    pub fn dense_path(&self) -> Option<PathBuf> {
+        self.files.dense.as_ref().map(|p| self.dir.join(p))
+    }
+
+    /// The colour of output `k`: the manifest's, else a fixed distinct palette.
+    pub fn color(&self, k: usize) -> [u8; 3] {
+        self.outputs
+            .get(k)
+            .and_then(|o| o.color)
+            .unwrap_or(PALETTE[k % PALETTE.len()])
+    }
+}
+
+const PALETTE: [[u8; 3]; 12] = [
+    [230, 25, 75],
+    [60, 180, 75],
+    [255, 225, 25],
+    [0, 130, 200],
+    [245, 130, 48],
+    [145, 30, 180],
+    [70, 240, 240],
+    [240, 50, 230],
+    [210, 245, 60],
+    [250, 190, 212],
+    [0, 128, 128],
+    [170, 110, 40],
+];
+
+/// A graph tensor's signature as a session reports it: name and dims (`None` = symbolic).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorSig {
+    /// Tensor name.
+    pub name: String,
+    /// Dimensions; `None` for a symbolic one.
+    pub dims: Vec<Option<usize>>,
+}
+
+/// Which of the manifest's graphs a signature belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// The per-patch model.
+    Patch,
+    /// The dense twin.
+    Dense,
+}
+
+/// Checks a graph's single input and output against the manifest.
+///
+/// Patch graphs take `layout` with p x p windows and give `N x K` (or `N x K x 1 x 1`); dense graphs
+/// take the same layout over any window and give `N x K x H x W`.
+pub fn check_io(
+    m: &Manifest,
+    role: Role,
+    onnx: &Path,
+    input: &TensorSig,
+    output: &TensorSig,
+) -> Result<(), ModelError> {
+    let mismatch = |t: &TensorSig, detail: String, field: &str, expected: String| ModelError::Mismatch {
+        onnx: onnx.to_path_buf(),
+        tensor: t.name.clone(),
+        detail,
+        manifest: m.path.clone(),
+        field: field.into(),
+        expected,
+    };
+    let layout = m.input.layout;
+    if input.dims.len() != layout.rank() {
+        return Err(mismatch(
+            input,
+            format!("has rank {} ({})", input.dims.len(), dims_text(&input.dims)),
+            "input.layout",
+            format!("{layout:?} needs rank {}", layout.rank()).to_lowercase(),
+        ));
+    }
+    let band_axis = if layout == Layout::N1chw { 2 } else { 1 };
+    if let Some(c) = input.dims[band_axis]
+        && c != m.input.bands
+    {
+        return Err(mismatch(
+            input,
+            format!("has {c} bands on axis {band_axis}"),
+            "input.bands",
+            format!("says {}", m.input.bands),
+        ));
+    }
+    if layout == Layout::N1chw && input.dims[1].is_some_and(|d| d != 1) {
+        return Err(mismatch(
+            input,
+            "axis 1 is not 1".into(),
+            "input.layout",
+            "n1chw needs N x 1 x C x H x W".into(),
+        ));
+    }
+    if role == Role::Patch && layout != Layout::Nc {
+        for axis in [layout.rank() - 2, layout.rank() - 1] {
+            if let Some(d) = input.dims[axis]
+                && d != m.patch
+            {
+                return Err(mismatch(
+                    input,
+                    format!("has {d} on spatial axis {axis}"),
+                    "patch",
+                    format!("says {}", m.patch),
+                ));
+            }
+        }
+    }
+    let k = m.classes();
+    let ok_rank = match role {
+        Role::Patch => {
+            output.dims.len() == 2 || (output.dims.len() == 4 && output.dims[2..].iter().all(|d| d.unwrap_or(1) == 1))
+        }
+        Role::Dense => output.dims.len() == 4,
+    };
+    if !ok_rank {
+        let want = if role == Role::Patch { "N x K" } else { "N x K x H x W" };
+        return Err(mismatch(
+            output,
+            format!("has shape {}", dims_text(&output.dims)),
+            "outputs",
+            format!("needs {want}"),
+        ));
+    }
+    if let Some(got) = output.dims[1]
+        && got != k
+    {
+        return Err(mismatch(
+            output,
+            format!("has {got} channels"),
+            "outputs",
+            format!("lists {k}"),
+        ));
+    }
+    Ok(())
+}
+
+fn dims_text(dims: &[Option<usize>]) -> String {
+    dims.iter()
+        .map(|d| d.map_or("?".to_string(), |v| v.to_string()))
+        .collect::<Vec<_>>()
+        .join(" x ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn sample_json(bands: usize) -> String {
+        let v = |x: f32| serde_json::to_string(&vec![x; bands]).unwrap();
+        format!(
+            r#"{{"name":"t","task":"classification","input":{{"bands":{bands},"layout":"n1chw","mean":{},"std":{}}},
+            "patch":3,"halo":1,"outputs":[{{"id":1,"name":"a"}},{{"id":7,"name":"b","color":[1,2,3]}}],
+            "files":{{"patch":"p.onnx","dense":"d.onnx"}},"output_kind":"logits"}}"#,
+            v(0.0),
+            v(1.0)
+        )
+    }
+
+    #[test]
+    fn parses_and_resolves() {
+        let m = Manifest::parse(&sample_json(4), Path::new("/m/x/manifest.json")).unwrap();
+        assert_eq!(m.classes(), 2);
+        assert_eq!(m.patch_path(), Path::new("/m/x/p.onnx"));
+        assert_eq!(m.color(1), [1, 2, 3]);
+    }
+
+    fn field_of(text: &str) -> String {
+        match Manifest::parse(text, Path::new("m.json")) {
+            Err(ModelError::Field { field, .. }) => field,
+            other => panic!("expected a field error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let good = sample_json(4);
+        assert_eq!(field_of(&good.replace("\"halo\":1", "\"halo\":2")), "halo");
+        assert_eq!(field_of(&good.replace("\"patch\":3", "\"patch\":4")), "patch");
+        assert_eq!(field_of(&good.replace("\"id\":7", "\"id\":1")), "outputs[1].id");
+        assert_eq!(field_of(&good.replace("\"id\":7", "\"id\":0")), "outputs[1].id");
+        assert_eq!(field_of(&good.replace("\"bands\":4", "\"bands\":5")), "input.mean");
+        assert_eq!(
+            field_of(&good.replace("\"std\":[1.0,", "\"std\":[0.0,")),
+            "input.std[0]"
+        );
+        assert!(matches!(
+            Manifest::parse("{", Path::new("m.json")),
+            Err(ModelError::Json { .. })
+        ));
+    }
+
+    #[test]
+    fn io_check_names_both_sides() {
+        let m = Manifest::parse(&sample_json(4), Path::new("m.json")).unwrap();
+        let sig = |dims: Vec<Option<usize>>| TensorSig { name: "x".into(), dims };
+        let out = sig(vec![None, Some(2)]);
+        let good = sig(vec![None, Some(1), Some(4), Some(3), Some(3)]);
+        check_io(&m, Role::Patch, Path::new("p.onnx"), &good, &out).unwrap();
+        let err = check_io(
+            &m,
+            Role::Patch,
+            Path::new("p.onnx"),
+            &sig(vec![None, Some(4), Some(3)]),
+            &out,
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("p.onnx") && text.contains("m.json") && text.contains("rank 3"),
+            "{text}"
+        );
+        let err = check_io(
+            &m,
+            Role::Patch,
+            Path::new("p.onnx"),
+            &sig(vec![None, Some(1), Some(5), None, None]),
+            &out,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("5 bands"));
+        let err = check_io(&m, Role::Patch, Path::new("p.onnx"), &good, &sig(vec![None, Some(3)])).unwrap_err();
+        assert!(err.to_string().contains("3 channels"));
+        let dense_out = sig(vec![None, Some(2), None, None]);
+        check_io(
+            &m,
+            Role::Dense,
+            Path::new("d.onnx"),
+            &sig(vec![None, Some(1), Some(4), None, None]),
+            &dense_out,
+        )
+        .unwrap();
+    }
+}

@@ -1,0 +1,567 @@
+//! The tiled inference pipeline: a producer thread reads, normalises and tiles the cube into ready
+//! batches through a bounded queue while the caller's thread runs the engine and stitches outputs.
+//!
+//! Patch mode gathers the `p x p` neighbourhood of every pixel (B per batch); dense mode runs the
+//! fully convolutional twin on N whole tile windows and keeps each tile's centre. Both read the same
+//! reflected windows, so they see the same numbers. The stitcher counts writes per pixel and fails
+//! the run unless every pixel was written exactly once.
+
+use std::time::{Duration, Instant};
+
+use crate::cube::Cube;
+use crate::engine::{EngineError, Graph};
+use crate::model::{Layout, Manifest, OutputKind, Task};
+use crate::tile::{TileGrid, TileRect, fill_window, gather_patch};
+
+/// Errors from a pipeline run.
+#[derive(Debug, thiserror::Error)]
+pub enum PipelineError {
+    /// The cube's bands do not match the model.
+    #[error("{cube}: {bands} bands, but {manifest} field `input.bands` says {expected}")]
+    Bands {
+        /// The cube's header.
+        cube: std::path::PathBuf,
+        /// Bands in the cube.
+        bands: usize,
+        /// The manifest.
+        manifest: std::path::PathBuf,
+        /// Bands the model expects.
+        expected: usize,
+    },
+    /// Dense mode was asked for a model without a dense twin.
+    #[error("{manifest}: dense mode needs `files.dense`, which this manifest does not have (use --mode patch)")]
+    NoDense {
+        /// The manifest.
+        manifest: std::path::PathBuf,
+    },
+    /// A setting is out of range.
+    #[error("invalid setting `{name}`: {message}")]
+    Setting {
+        /// The setting.
+        name: &'static str,
+        /// Why.
+        message: String,
+    },
+    /// The engine failed on a batch.
+    #[error("batch {batch} (tiles {first_tile:?}..): {source}")]
+    Engine {
+        /// Batch index.
+        batch: usize,
+        /// The first tile in it.
+        first_tile: (usize, usize),
+        /// The engine error.
+        source: EngineError,
+    },
+    /// The graph returned a shape the pipeline cannot stitch.
+    #[error("{graph}: output shape {got:?} for input {input:?}, expected {expected}")]
+    OutputShape {
+        /// The ONNX file.
+        graph: std::path::PathBuf,
+        /// What came back.
+        got: Vec<usize>,
+        /// The input shape sent.
+        input: Vec<usize>,
+        /// What was expected.
+        expected: String,
+    },
+    /// A pixel was written twice or never: an internal error, reported with its place.
+    #[error("pixel (line {line}, sample {sample}) written {count} times (tile row {row}, col {col})")]
+    Coverage {
+        /// Scene line.
+        line: usize,
+        /// Scene sample.
+        sample: usize,
+        /// Times written.
+        count: u8,
+        /// Tile row holding it.
+        row: usize,
+        /// Tile column holding it.
+        col: usize,
+    },
+}
+
+/// How pixels reach the engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// One `p x p` patch per pixel.
+    Patch,
+    /// Whole tiles through the dense twin.
+    Dense,
+}
+
+/// Settings of one run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunOptions {
+    /// Execution mode.
+    pub mode: Mode,
+    /// Patches per batch (patch mode) or tiles per batch (dense mode).
+    pub batch: usize,
+    /// Tile side in output pixels (at most; balanced over the scene).
+    pub tile: usize,
+    /// Batches the producer may run ahead of the engine.
+    pub queue: usize,
+    /// Keep every output channel (abundances are always kept).
+    pub keep_scores: bool,
+}
+
+/// A batch ready for the engine, with where each of its samples lands.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    /// Input values in the graph's layout.
+    pub data: Vec<f32>,
+    /// Input shape.
+    pub shape: Vec<usize>,
+    /// Patch mode: the scene pixel (line, sample) of each sample.
+    pub pixels: Vec<(usize, usize)>,
+    /// Dense mode: the tile of each sample.
+    pub tiles: Vec<TileRect>,
+}
+
+/// The stitched maps of a run.
+#[derive(Debug, Clone)]
+pub struct Maps {
+    /// Scene lines.
+    pub lines: usize,
+    /// Scene samples.
+    pub samples: usize,
+    /// Output channels.
+    pub channels: usize,
+    /// Classification: class id per pixel (row-major); empty for abundance.
+    pub class_ids: Vec<u8>,
+    /// Classification: softmax maximum per pixel; empty for abundance.
+    pub confidence: Vec<f32>,
+    /// Every channel, `channels x lines x samples` (band sequential), when kept.
+    pub scores: Option<Vec<f32>>,
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct RunStats {
+    /// Pixels written.
+    pub pixels: usize,
+    /// Batches run.
+    pub batches: usize,
+    /// Tiles in the grid.
+    pub tiles: usize,
+    /// Tile size used (lines x samples of output per tile).
+    pub tile_shape: (usize, usize),
+    /// Wall time from start to stitched maps.
+    pub elapsed_s: f64,
+    /// Time inside the engine.
+    pub inference_s: f64,
+    /// Time the engine thread waited for the producer.
+    pub wait_s: f64,
+    /// Time from start to the first batch's result.
+    pub first_batch_s: f64,
+}
+
+/// Builds batches for `manifest` over `cube` and hands each to `sink`; stops early when `sink`
+/// returns `false`. Runs on the calling thread.
+pub fn produce(cube: &Cube, manifest: &Manifest, opts: &RunOptions, mut sink: impl FnMut(Batch) -> bool) {
+    let grid = grid_for(cube, manifest, opts);
+    let (bands, samples) = (cube.bands(), cube.samples());
+    let mean = &manifest.input.mean;
+    let inv_std: Vec<f32> = manifest.input.std.iter().map(|s| 1.0 / s).collect();
+    let layout = manifest.input.layout;
+    let p = manifest.patch;
+    let (wh, ww) = (grid.window_h(), grid.window_w());
+    let mut cache: std::collections::BTreeMap<usize, Vec<f32>> = std::collections::BTreeMap::new();
+    let mut window = vec![0f32; bands * wh * ww];
+    let per_patch = bands * p * p;
+    let per_tile = bands * wh * ww;
+    let new_batch = |cap: usize, per: usize| Batch {
+        data: Vec::with_capacity(cap * per),
+        shape: Vec::new(),
+        pixels: Vec::new(),
+        tiles: Vec::new(),
+    };
+    let cap = opts.batch.max(1);
+    let mut batch = match opts.mode {
+        Mode::Patch => new_batch(cap, per_patch),
+        Mode::Dense => new_batch(cap, per_tile),
+    };
+    let finish = |b: &mut Batch| {
+        let n = match opts.mode {
+            Mode::Patch => b.pixels.len(),
+            Mode::Dense => b.tiles.len(),
+        };
+        b.shape = match opts.mode {
+            Mode::Patch => layout.shape(n, bands, p, p),
+            Mode::Dense => layout.shape(n, bands, wh, ww),
+        };
+        std::mem::replace(
+            b,
+            match opts.mode {
+                Mode::Patch => new_batch(cap, per_patch),
+                Mode::Dense => new_batch(cap, per_tile),
+            },
+        )
+    };
+    for row in 0..grid.rows {
+        let wanted = grid.window_lines(row);
+        for &y in &wanted {
+            cache.entry(y).or_insert_with(|| {
+                let mut line = vec![0f32; bands * samples];
+                cube.read_line(y, &mut line);
+                for (b, chunk) in line.chunks_exact_mut(samples).enumerate() {
+                    let (m, s) = (mean[b], inv_std[b]);
+                    for v in chunk {
+                        *v = (*v - m) * s;
+                    }
+                }
+                line
+            });
+        }
+        let refs: Vec<&[f32]> = wanted.iter().filter_map(|y| cache.get(y).map(Vec::as_slice)).collect();
+        for col in 0..grid.cols {
+            let rect = grid.rect(row, col);
+            fill_window(&refs, &grid.window_samples(col), bands, samples, &mut window);
+            match opts.mode {
+                Mode::Dense => {
+                    batch.data.extend_from_slice(&window);
+                    batch.tiles.push(rect);
+                    if batch.tiles.len() == cap && !sink(finish(&mut batch)) {
+                        return;
+                    }
+                }
+                Mode::Patch => {
+                    for i in 0..rect.h {
+                        for j in 0..rect.w {
+                            let at = batch.data.len();
+                            batch.data.resize(at + per_patch, 0.0);
+                            gather_patch(&window, bands, wh, ww, i, j, p, &mut batch.data[at..]);
+                            batch.pixels.push((rect.y0 + i, rect.x0 + j));
+                            if batch.pixels.len() == cap && !sink(finish(&mut batch)) {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        // Lines above the next row's window are never read again.
+        let next_top = ((row + 1) * grid.tile_h).saturating_sub(grid.halo);
+        let keep: std::collections::BTreeSet<usize> = if row + 1 < grid.rows {
+            grid.window_lines(row + 1).into_iter().collect()
+        } else {
+            Default::default()
+        };
+        cache.retain(|y, _| *y >= next_top || keep.contains(y));
+    }
+    if !batch.pixels.is_empty() || !batch.tiles.is_empty() {
+        sink(finish(&mut batch));
+    }
+}
+
+/// The tile grid a run over `cube` uses.
+pub fn grid_for(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> TileGrid {
+    TileGrid::new(cube.lines(), cube.samples(), opts.tile, manifest.halo)
+}
+
+/// Checks the run can start: bands match, settings in range, dense twin present for dense mode.
+pub fn check(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> Result<(), PipelineError> {
+    if cube.bands() != manifest.input.bands {
+        return Err(PipelineError::Bands {
+            cube: cube.header_path().to_path_buf(),
+            bands: cube.bands(),
+            manifest: manifest.path.clone(),
+            expected: manifest.input.bands,
+        });
+    }
+    if opts.mode == Mode::Dense && manifest.files.dense.is_none() {
+        return Err(PipelineError::NoDense {
+            manifest: manifest.path.clone(),
+        });
+    }
+    if opts.mode == Mode::Dense && manifest.input.layout == Layout::Nc {
+        return Err(PipelineError::Setting {
+            name: "mode",
+            message: "per-pixel (\"nc\") models run in patch mode".into(),
+        });
+    }
+    for (name, v) in [("batch", opts.batch), ("tile", opts.tile), ("queue", opts.queue)] {
+        if v == 0 {
+            return Err(PipelineError::Setting {
+                name,
+                message: "must be at least 1".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Accumulates outputs into maps, counting writes per pixel.
+#[derive(Debug)]
+pub struct Stitcher {
+    maps: Maps,
+    written: Vec<u8>,
+    task: Task,
+    kind: OutputKind,
+    ids: Vec<u8>,
+    grid: TileGrid,
+}
+
+impl Stitcher {
+    /// A stitcher for `manifest` over `grid`, its outputs poisoned (NaN confidence, class 0) until written.
+    pub fn new(manifest: &Manifest, grid: TileGrid, keep_scores: bool) -> Self {
+        let n = grid.lines * grid.samples;
+        let k = manifest.classes();
+        let classify = manifest.task == Task::Classification;
+        Self {
+            maps: Maps {
+                lines: grid.lines,
+                samples: grid.samples,
+                channels: k,
+                class_ids: if classify { vec![0; n] } else { Vec::new() },
+                confidence: if classify { vec![f32::NAN; n] } else { Vec::new() },
+                scores: (keep_scores || !classify).then(|| vec![f32::NAN; k * n]),
+            },
+            written: vec![0; n],
+            task: manifest.task,
+            kind: manifest.output_kind,
+            ids: manifest
+                .outputs
+                .iter()
+                .map(|o| u8::try_from(o.id).unwrap_or(0))
+                .collect(),
+            grid,
+        }
+    }
+
+    /// Writes pixel (`y`, `x`) from `k` scores read as `scores(c)`.
+    pub fn put(&mut self, y: usize, x: usize, scores: impl Fn(usize) -> f32) {
+        let n = self.grid.lines * self.grid.samples;
+        let at = y * self.grid.samples + x;
+        self.written[at] = self.written[at].saturating_add(1);
+        let k = self.maps.channels;
+        if let Some(all) = &mut self.maps.scores {
+            for c in 0..k {
+                all[c * n + at] = scores(c);
+            }
+        }
+        if self.task == Task::Classification {
+            let (mut best, mut top) = (0, f32::NEG_INFINITY);
+            for c in 0..k {
+                let v = scores(c);
+                if v > top {
+                    (best, top) = (c, v);
+                }
+            }
+            let confidence = match self.kind {
+                OutputKind::Probabilities => top,
+                OutputKind::Logits => 1.0 / (0..k).map(|c| (scores(c) - top).exp()).sum::<f32>(),
+            };
+            self.maps.class_ids[at] = self.ids[best];
+            self.maps.confidence[at] = confidence;
+        }
+    }
+
+    /// Stitches one engine result for `batch`.
+    pub fn put_batch(
+        &mut self,
+        batch: &Batch,
+        out_shape: &[usize],
+        out: &[f32],
+        graph: &std::path::Path,
+    ) -> Result<(), PipelineError> {
+        let k = self.maps.channels;
+        let shape_err = |expected: String| PipelineError::OutputShape {
+            graph: graph.to_path_buf(),
+            got: out_shape.to_vec(),
+            input: batch.shape.clone(),
+            expected,
+        };
+        if !batch.tiles.is_empty() {
+            let (th, tw) = (self.grid.tile_h, self.grid.tile_w);
+            let n = batch.tiles.len();
+            if out_shape != [n, k, th, tw] {
+                return Err(shape_err(format!("{n} x {k} x {th} x {tw}")));
+            }
+            for (t, rect) in batch.tiles.iter().enumerate() {
+                for i in 0..rect.h {
+                    for j in 0..rect.w {
+                        self.put(rect.y0 + i, rect.x0 + j, |c| out[((t * k + c) * th + i) * tw + j]);
+                    }
+                }
+            }
+        } else {
+            let n = batch.pixels.len();
+            if out.len() != n * k || out_shape.first() != Some(&n) {
+                return Err(shape_err(format!("{n} x {k}")));
+            }
+            for (s, &(y, x)) in batch.pixels.iter().enumerate() {
+                self.put(y, x, |c| out[s * k + c]);
+            }
+        }
+        Ok(())
+    }
+
+    /// The maps, once every pixel has been written exactly once.
+    pub fn finish(self) -> Result<Maps, PipelineError> {
+        if let Some(at) = self.written.iter().position(|&c| c != 1) {
+            let (line, sample) = (at / self.grid.samples, at % self.grid.samples);
+            return Err(PipelineError::Coverage {
+                line,
+                sample,
+                count: self.written[at],
+                row: line / self.grid.tile_h,
+                col: sample / self.grid.tile_w,
+            });
+        }
+        Ok(self.maps)
+    }
+}
+
+/// Runs `graph` over `cube`: the producer thread fills a queue of `opts.queue` batches while this
+/// thread infers and stitches. `progress` gets the pixels done after each batch.
+pub fn run(
+    cube: &Cube,
+    manifest: &Manifest,
+    graph: &mut Graph,
+    opts: &RunOptions,
+    progress: &mut dyn FnMut(usize),
+) -> Result<(Maps, RunStats), PipelineError> {
+    check(cube, manifest, opts)?;
+    let start = Instant::now();
+    let grid = grid_for(cube, manifest, opts);
+    let mut stitcher = Stitcher::new(manifest, grid, opts.keep_scores);
+    let mut stats = RunStats {
+        tiles: grid.len(),
+        tile_shape: (grid.tile_h, grid.tile_w),
+        ..RunStats::default()
+    };
+    let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
+    let mut inference = Duration::ZERO;
+    let mut wait = Duration::ZERO;
+    let result = std::thread::scope(|scope| -> Result<(), PipelineError> {
+        scope.spawn(move || produce(cube, manifest, opts, |b| tx.send(b).is_ok()));
+        loop {
+            let t0 = Instant::now();
+            let Ok(batch) = rx.recv() else { break };
+            wait += t0.elapsed();
+            let t1 = Instant::now();
+            let (shape, out) = graph
+                .run(&batch.data, &batch.shape)
+                .map_err(|source| PipelineError::Engine {
+                    batch: stats.batches,
+                    first_tile: batch
+                        .tiles
+                        .first()
+                        .map(|t| (t.row, t.col))
+                        .or_else(|| batch.pixels.first().map(|&(y, x)| (y / grid.tile_h, x / grid.tile_w)))
+                        .unwrap_or_default(),
+                    source,
+                })?;
+            inference += t1.elapsed();
+            if stats.batches == 0 {
+                stats.first_batch_s = start.elapsed().as_secs_f64();
+            }
+            stitcher.put_batch(&batch, &shape, &out, graph.path())?;
+            stats.batches += 1;
+            stats.pixels += if batch.tiles.is_empty() {
+                batch.pixels.len()
+            } else {
+                batch.tiles.iter().map(|t| t.h * t.w).sum()
+            };
+            progress(stats.pixels);
+        }
+        Ok(())
+    });
+    result?;
+    let maps = stitcher.finish()?;
+    stats.elapsed_s = start.elapsed().as_secs_f64();
+    stats.inference_s = inference.as_secs_f64();
+    stats.wait_s = wait.as_secs_f64();
+    Ok((maps, stats))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Manifest;
+
+    fn manifest() -> Manifest {
+        let v = |x: f32| serde_json::to_string(&vec![x; 2]).unwrap();
+        let text = format!(
+            r#"{{"name":"t","task":"classification","input":{{"bands":2,"layout":"nchw","mean":{},"std":{}}},
+            "patch":3,"halo":1,"outputs":[{{"id":3,"name":"a"}},{{"id":9,"name":"b"}}],
+            "files":{{"patch":"p.onnx","dense":"d.onnx"}},"output_kind":"logits"}}"#,
+            v(0.0),
+            v(1.0)
+        );
+        Manifest::parse(&text, std::path::Path::new("m.json")).unwrap()
+    }
+
+    #[test]
+    fn poisoned_maps_are_fully_overwritten_by_dense_batches() {
+        let m = manifest();
+        let grid = TileGrid::new(7, 9, 4, 1);
+        let mut s = Stitcher::new(&m, grid, true);
+        for row in 0..grid.rows {
+            for col in 0..grid.cols {
+                let rect = grid.rect(row, col);
+                let (th, tw) = (grid.tile_h, grid.tile_w);
+                let out: Vec<f32> = (0..2 * th * tw).map(|i| if i < th * tw { 1.0 } else { 0.0 }).collect();
+                let b = Batch {
+                    data: vec![],
+                    shape: vec![1, 2, th + 2, tw + 2],
+                    pixels: vec![],
+                    tiles: vec![rect],
+                };
+                s.put_batch(&b, &[1, 2, th, tw], &out, std::path::Path::new("d.onnx"))
+                    .unwrap();
+            }
+        }
+        let maps = s.finish().unwrap();
+        assert!(maps.confidence.iter().all(|c| c.is_finite()));
+        assert!(maps.class_ids.iter().all(|&c| c == 3));
+        assert!(maps.scores.unwrap().iter().all(|v| v.is_finite()));
+    }
+
+    #[test]
+    fn a_missing_or_repeated_pixel_fails_the_run() {
+        let m = manifest();
+        let grid = TileGrid::new(2, 2, 2, 1);
+        let mut s = Stitcher::new(&m, grid, false);
+        for (y, x) in [(0, 0), (0, 1), (1, 0)] {
+            s.put(y, x, |c| c as f32);
+        }
+        let err = s.finish().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PipelineError::Coverage {
+                    line: 1,
+                    sample: 1,
+                    count: 0,
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        let mut s = Stitcher::new(&m, grid, false);
+        for (y, x) in [(0, 0), (0, 1), (1, 0), (1, 1), (0, 1)] {
+            s.put(y, x, |c| c as f32);
+        }
+        assert!(matches!(
+            s.finish(),
+            Err(PipelineError::Coverage {
+                line: 0,
+                sample: 1,
+                count: 2,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn softmax_confidence() {
+        let m = manifest();
+        let mut s = Stitcher::new(&m, TileGrid::new(1, 1, 1, 1), false);
+        s.put(0, 0, |c| [0.0f32, 2.0f32.ln()][c]);
+        let maps = s.finish().unwrap();
+        assert_eq!(maps.class_ids, vec![9]);
+        assert!((maps.confidence[0] - 2.0 / 3.0).abs() < 1e-6);
+    }
+}

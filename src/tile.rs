@@ -1,0 +1,240 @@
+//! Tiles with halos: geometry, reflection at scene borders, and gathering of tile and patch inputs.
+//!
+//! A scene of `lines x samples` is cut into a grid of equal tiles of `tile_h x tile_w` output pixels
+//! (the last row and column may reach past the scene; those pixels are computed from reflected data
+//! and never written). Each tile's input window carries an `r`-pixel halo on every side, and every
+//! coordinate outside the scene is reflected without repeating the edge (`-1 -> 1`, numpy's
+//! `mode="reflect"`), so each pixel sees exactly the neighbourhood a per-pixel patch model would.
+
+/// Reflects index `i` into `0..n` without repeating the edge sample, for any distance outside.
+pub fn reflect(i: isize, n: usize) -> usize {
+    if n <= 1 {
+        return 0;
+    }
+    let period = 2 * (n as isize - 1);
+    let m = i.rem_euclid(period);
+    if m < n as isize {
+        m as usize
+    } else {
+        (period - m) as usize
+    }
+}
+
+/// One tile of the grid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct TileRect {
+    /// Grid row.
+    pub row: usize,
+    /// Grid column.
+    pub col: usize,
+    /// First scene line of the tile's output.
+    pub y0: usize,
+    /// First scene sample of the tile's output.
+    pub x0: usize,
+    /// Output lines inside the scene.
+    pub h: usize,
+    /// Output samples inside the scene.
+    pub w: usize,
+}
+
+/// The tiling of one scene.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct TileGrid {
+    /// Scene lines.
+    pub lines: usize,
+    /// Scene samples.
+    pub samples: usize,
+    /// Output lines per tile.
+    pub tile_h: usize,
+    /// Output samples per tile.
+    pub tile_w: usize,
+    /// Halo r on each side.
+    pub halo: usize,
+    /// Tile rows.
+    pub rows: usize,
+    /// Tile columns.
+    pub cols: usize,
+}
+
+impl TileGrid {
+    /// Cuts `lines x samples` into tiles of at most `tile x tile`, balanced so the last row and column
+    /// waste as little as possible (83 lines at tile 64 gives two rows of 42, not 64 + 19).
+    pub fn new(lines: usize, samples: usize, tile: usize, halo: usize) -> Self {
+        let tile = tile.max(1);
+        let split = |n: usize| {
+            let count = n.div_ceil(tile).max(1);
+            (count, n.div_ceil(count))
+        };
+        let (rows, tile_h) = split(lines);
+        let (cols, tile_w) = split(samples);
+        Self {
+            lines,
+            samples,
+            tile_h,
+            tile_w,
+            halo,
+            rows,
+            cols,
+        }
+    }
+
+    /// Input window height (`tile_h + 2r`).
+    pub fn window_h(&self) -> usize {
+        self.tile_h + 2 * self.halo
+    }
+
+    /// Input window width (`tile_w + 2r`).
+    pub fn window_w(&self) -> usize {
+        self.tile_w + 2 * self.halo
+    }
+
+    /// Number of tiles.
+    pub fn len(&self) -> usize {
+        self.rows * self.cols
+    }
+
+    /// Whether the grid has no tiles (never, for a valid scene).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The tile at grid position (`row`, `col`).
+    pub fn rect(&self, row: usize, col: usize) -> TileRect {
+        let y0 = row * self.tile_h;
+        let x0 = col * self.tile_w;
+        TileRect {
+            row,
+            col,
+            y0,
+            x0,
+            h: self.tile_h.min(self.lines.saturating_sub(y0)),
+            w: self.tile_w.min(self.samples.saturating_sub(x0)),
+        }
+    }
+
+    /// Scene lines (reflected) that the input windows of tile row `row` read, top to bottom.
+    pub fn window_lines(&self, row: usize) -> Vec<usize> {
+        let y0 = (row * self.tile_h) as isize - self.halo as isize;
+        (0..self.window_h())
+            .map(|dy| reflect(y0 + dy as isize, self.lines))
+            .collect()
+    }
+
+    /// Scene samples (reflected) that the input window of tile column `col` reads, left to right.
+    pub fn window_samples(&self, col: usize) -> Vec<usize> {
+        let x0 = (col * self.tile_w) as isize - self.halo as isize;
+        (0..self.window_w())
+            .map(|dx| reflect(x0 + dx as isize, self.samples))
+            .collect()
+    }
+}
+
+/// Fills `out` (`bands x window_h x window_w`) with the input window of one tile.
+///
+/// `lines[dy]` is the normalised scene line (band-major, `bands x samples`) for window row `dy`, and
+/// `cols` the reflected sample index of each window column.
+pub fn fill_window(lines: &[&[f32]], cols: &[usize], bands: usize, samples: usize, out: &mut [f32]) {
+    let (wh, ww) = (lines.len(), cols.len());
+    debug_assert_eq!(out.len(), bands * wh * ww);
+    for band in 0..bands {
+        for (dy, line) in lines.iter().enumerate() {
+            let src = &line[band * samples..(band + 1) * samples];
+            let dst = &mut out[(band * wh + dy) * ww..(band * wh + dy + 1) * ww];
+            for (d, &x) in dst.iter_mut().zip(cols) {
+                *d = src[x];
+            }
+        }
+    }
+}
+
+/// Copies the `p x p` patch whose top-left corner is window position (`y`, `x`) into `out`
+/// (`bands x p x p`). The patch of output pixel (i, j) of a tile starts at window (i, j).
+pub fn gather_patch(window: &[f32], bands: usize, wh: usize, ww: usize, y: usize, x: usize, p: usize, out: &mut [f32]) {
+    debug_assert_eq!(out.len(), bands * p * p);
+    for band in 0..bands {
+        for i in 0..p {
+            let src = (band * wh + y + i) * ww + x;
+            let dst = (band * p + i) * p;
+            out[dst..dst + p].copy_from_slice(&window[src..src + p]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reflect_matches_numpy() {
+        // numpy.pad(np.arange(4), 5, mode="reflect")
+        let want = [1, 2, 3, 2, 1, 0, 1, 2, 3, 2, 1, 0, 1, 2];
+        let got: Vec<usize> = (-5..9).map(|i| reflect(i, 4)).collect();
+        assert_eq!(got, want);
+        assert_eq!(reflect(-3, 1), 0);
+        assert_eq!(reflect(2, 2), 0);
+    }
+
+    #[test]
+    fn grid_covers_every_pixel_once() {
+        for (lines, samples, tile) in [(83, 86, 64), (1, 1, 8), (10, 3, 4), (7, 7, 7), (100, 5, 1)] {
+            let g = TileGrid::new(lines, samples, tile, 2);
+            let mut hits = vec![0u8; lines * samples];
+            for row in 0..g.rows {
+                for col in 0..g.cols {
+                    let r = g.rect(row, col);
+                    assert!(r.h <= g.tile_h && r.w <= g.tile_w);
+                    for y in r.y0..r.y0 + r.h {
+                        for x in r.x0..r.x0 + r.w {
+                            hits[y * samples + x] += 1;
+                        }
+                    }
+                }
+            }
+            assert!(hits.iter().all(|&h| h == 1), "{lines}x{samples} tile {tile}");
+            assert!(g.tile_h <= tile && g.tile_w <= tile);
+        }
+        let g = TileGrid::new(83, 86, 64, 5);
+        assert_eq!((g.rows, g.tile_h, g.cols, g.tile_w), (2, 42, 2, 43));
+    }
+
+    #[test]
+    fn patches_from_windows_equal_patches_from_the_padded_scene() {
+        let (lines, samples, bands, r) = (5usize, 6usize, 2usize, 2usize);
+        let value = |y: usize, x: usize, b: usize| (b * 100 + y * 10 + x) as f32;
+        let scene: Vec<Vec<f32>> = (0..lines)
+            .map(|y| {
+                (0..bands)
+                    .flat_map(|b| (0..samples).map(move |x| value(y, x, b)))
+                    .collect()
+            })
+            .collect();
+        let g = TileGrid::new(lines, samples, 4, r);
+        let p = 2 * r + 1;
+        for row in 0..g.rows {
+            let ls = g.window_lines(row);
+            let line_refs: Vec<&[f32]> = ls.iter().map(|&y| scene[y].as_slice()).collect();
+            for col in 0..g.cols {
+                let cols = g.window_samples(col);
+                let mut win = vec![0f32; bands * g.window_h() * g.window_w()];
+                fill_window(&line_refs, &cols, bands, samples, &mut win);
+                let rect = g.rect(row, col);
+                for i in 0..rect.h {
+                    for j in 0..rect.w {
+                        let mut patch = vec![0f32; bands * p * p];
+                        gather_patch(&win, bands, g.window_h(), g.window_w(), i, j, p, &mut patch);
+                        let (y, x) = ((rect.y0 + i) as isize, (rect.x0 + j) as isize);
+                        for b in 0..bands {
+                            for di in 0..p {
+                                for dj in 0..p {
+                                    let sy = reflect(y - r as isize + di as isize, lines);
+                                    let sx = reflect(x - r as isize + dj as isize, samples);
+                                    assert_eq!(patch[(b * p + di) * p + dj], value(sy, sx, b));
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
