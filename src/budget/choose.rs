@@ -1,0 +1,277 @@
+//! Choosing the batch: the safe-batch formula, and the wall search for discrete GPUs.
+//!
+//! `B_safe = floor((budget*(1 - r_frag) - M_fixed) / a)`, capped by a configured maximum and by
+//! the plateau knee of a cached benchmark (past the knee a larger batch buys no throughput, only
+//! risk). Dense mode counts tiles instead of samples: same formula, per-tile cost.
+//!
+//! [`find_wall`] is the seeds' search (grow x1.5 until a run fails, then bisect). It runs the
+//! model up to failure, so it is only for discrete GPUs (`--probe-wall`), where a failed
+//! allocation is a clean error; on shared memory the OOM killer may take the process or a
+//! neighbour instead, so there the formula is the only way.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use super::BudgetError;
+use super::cost::{CostModel, Unit};
+
+/// How the batch is chosen.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ChooseConfig {
+    /// `r_frag`: the share of the budget kept back for allocator fragmentation, in `[0, 1)`.
+    pub frag_margin: f64,
+    /// The largest batch ever run (units), at least 1.
+    pub max_units: u64,
+    /// The plateau knee of a cached benchmark (units), if one is known.
+    pub knee: Option<u64>,
+}
+
+impl Default for ChooseConfig {
+    fn default() -> Self {
+        Self {
+            frag_margin: 0.10,
+            max_units: 8192,
+            knee: None,
+        }
+    }
+}
+
+impl ChooseConfig {
+    /// Checks the ranges.
+    pub fn validate(&self) -> Result<(), BudgetError> {
+        if !(0.0..1.0).contains(&self.frag_margin) {
+            return Err(BudgetError::Config {
+                field: "frag_margin",
+                value: self.frag_margin.to_string(),
+                why: "must be in [0, 1)",
+            });
+        }
+        if self.max_units == 0 {
+            return Err(BudgetError::Config {
+                field: "max_units",
+                value: "0".into(),
+                why: "must be at least 1",
+            });
+        }
+        if self.knee == Some(0) {
+            return Err(BudgetError::Config {
+                field: "knee",
+                value: "0".into(),
+                why: "must be at least 1 when given",
+            });
+        }
+        Ok(())
+    }
+}
+
+/// What bounded the chosen batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Limit {
+    /// The memory formula.
+    Memory,
+    /// The configured maximum.
+    Maximum,
+    /// The benchmark knee.
+    Knee,
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Memory => "memory",
+            Self::Maximum => "configured maximum",
+            Self::Knee => "benchmark knee",
+        })
+    }
+}
+
+/// The chosen batch and how it was reached.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Choice {
+    /// Sample or tile.
+    pub unit: Unit,
+    /// The batch to run (0 when not even one unit fits).
+    pub units_safe: u64,
+    /// The memory formula's value before the caps.
+    pub memory_units: u64,
+    /// What bound `units_safe`.
+    pub limited_by: Limit,
+    /// The budget the formula started from.
+    pub budget_bytes: u64,
+    /// `ceil(budget * r_frag)`.
+    pub frag_margin_bytes: u64,
+    /// `budget - frag_margin_bytes`.
+    pub usable_bytes: u64,
+    /// `M(units_safe)`.
+    pub predicted_peak_bytes: u64,
+}
+
+/// Applies `B_safe = floor((budget*(1 - r_frag) - M_fixed) / a)` and the caps.
+pub fn safe_units(budget_bytes: u64, cost: &CostModel, cfg: &ChooseConfig) -> Result<Choice, BudgetError> {
+    cfg.validate()?;
+    let frag_margin_bytes = ((budget_bytes as f64) * cfg.frag_margin).ceil() as u64;
+    let usable_bytes = budget_bytes.saturating_sub(frag_margin_bytes);
+    let memory_units = usable_bytes.saturating_sub(cost.fixed_bytes) / cost.per_unit_bytes.max(1);
+    let mut units = memory_units;
+    let mut limited_by = Limit::Memory;
+    if units > cfg.max_units {
+        units = cfg.max_units;
+        limited_by = Limit::Maximum;
+    }
+    if let Some(k) = cfg.knee
+        && units > k
+    {
+        units = k;
+        limited_by = Limit::Knee;
+    }
+    Ok(Choice {
+        unit: cost.unit,
+        units_safe: units,
+        memory_units,
+        limited_by,
+        budget_bytes,
+        frag_margin_bytes,
+        usable_bytes,
+        predicted_peak_bytes: cost.predict(units),
+    })
+}
+
+/// The result of a wall search.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct WallSearch {
+    /// The largest batch that ran (0 when none did).
+    pub largest_fit: u64,
+    /// The smallest batch seen to fail; `None` when `max` itself ran.
+    pub first_fail: Option<u64>,
+    /// How many runs were made.
+    pub probes: u32,
+    /// Every probe, in order: `(batch, ran)`.
+    pub history: Vec<(u64, bool)>,
+}
+
+/// Finds the memory wall by running: start at `start`, grow x1.5 (at least +1) while runs fit,
+/// up to `max`; after the first failure bisect between the last fit and the first failure until
+/// their gap is at most `max(1, tolerance * last_fit)`.
+///
+/// `fits(B)` must run one batch of `B` and return whether it completed (false on an allocation
+/// error). With `tolerance = 0` the wall is exact; the seeds stop near 2 %. Only for discrete
+/// GPUs or an explicit `--probe-wall`; never on shared memory (see the module docs).
+pub fn find_wall<F>(start: u64, max: u64, tolerance: f64, mut fits: F) -> WallSearch
+where
+    F: FnMut(u64) -> bool,
+{
+    let max = max.max(1);
+    let mut history = Vec::new();
+    let mut probe = |b: u64, history: &mut Vec<(u64, bool)>| {
+        let ok = fits(b);
+        history.push((b, ok));
+        ok
+    };
+    let mut lo = 0u64;
+    let mut b = start.clamp(1, max);
+    let mut hi = loop {
+        if probe(b, &mut history) {
+            lo = b;
+            if b >= max {
+                return WallSearch {
+                    largest_fit: lo,
+                    first_fail: None,
+                    probes: history.len() as u32,
+                    history,
+                };
+            }
+            b = (b.saturating_mul(3) / 2).max(b + 1).min(max);
+        } else {
+            break b;
+        }
+    };
+    let tol = if tolerance.is_finite() { tolerance.max(0.0) } else { 0.0 };
+    while hi - lo > ((tol * lo as f64) as u64).max(1) {
+        let mid = lo + (hi - lo) / 2;
+        if probe(mid, &mut history) {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    WallSearch {
+        largest_fit: lo,
+        first_fail: Some(hi),
+        probes: history.len() as u32,
+        history,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn b_safe_formula() {
+        let cost = CostModel::new(Unit::Sample, 200 * MIB, 6 * MIB);
+        let cfg = ChooseConfig {
+            frag_margin: 0.10,
+            max_units: 100_000,
+            knee: None,
+        };
+        let c = safe_units(4096 * MIB, &cost, &cfg).unwrap();
+        // (4096*0.9 - 200) / 6 = (3686.4 - 200) / 6 = 581.06 -> 581.
+        assert_eq!(c.units_safe, 581);
+        assert_eq!(c.limited_by, Limit::Memory);
+        assert!(c.predicted_peak_bytes <= c.usable_bytes);
+        assert!(cost.predict(c.units_safe + 1) > c.usable_bytes);
+    }
+
+    #[test]
+    fn caps_and_zero() {
+        let cost = CostModel::new(Unit::Tile, 100, 10);
+        let mut cfg = ChooseConfig {
+            frag_margin: 0.0,
+            max_units: 50,
+            knee: None,
+        };
+        let c = safe_units(10_000, &cost, &cfg).unwrap();
+        assert_eq!((c.units_safe, c.memory_units, c.limited_by), (50, 990, Limit::Maximum));
+        cfg.knee = Some(32);
+        let c = safe_units(10_000, &cost, &cfg).unwrap();
+        assert_eq!((c.units_safe, c.limited_by, c.unit), (32, Limit::Knee, Unit::Tile));
+        let c = safe_units(105, &cost, &cfg).unwrap();
+        assert_eq!(c.units_safe, 0);
+        cfg.frag_margin = 1.0;
+        assert!(matches!(safe_units(1, &cost, &cfg), Err(BudgetError::Config { .. })));
+    }
+
+    #[test]
+    fn wall_search_exact_probe_count() {
+        // From 64: 64, 96, 144, 216, 324, 486, 729, 1093, 1639, 2458 run (10), 3687 fails (11),
+        // then bisecting the gap of 1229 to 1 takes 10 more.
+        let w = find_wall(64, 1 << 20, 0.0, |b| b <= 2995);
+        assert_eq!(w.largest_fit, 2995);
+        assert_eq!(w.first_fail, Some(2996));
+        assert_eq!(w.probes, 21);
+        assert_eq!(w.history[7], (1093, true));
+        assert_eq!(w.history[10], (3687, false));
+    }
+
+    #[test]
+    fn wall_search_tolerance_matches_seed_count() {
+        // The baselines report HybridSN fp32 B_oom = 2995 in 16 probes: a 2 % stop reproduces it.
+        let w = find_wall(64, 1 << 20, 0.02, |b| b <= 2995);
+        assert_eq!((w.largest_fit, w.probes), (2995, 16));
+        assert_eq!(w.first_fail, Some(3033));
+    }
+
+    #[test]
+    fn wall_search_edges() {
+        let w = find_wall(1, 1000, 0.0, |_| true);
+        assert_eq!((w.largest_fit, w.first_fail, w.probes), (1000, None, 18));
+        let w = find_wall(64, 1000, 0.0, |b| b <= 10);
+        assert_eq!((w.largest_fit, w.first_fail, w.probes), (10, Some(11), 7));
+        let w = find_wall(8, 1000, 0.0, |_| false);
+        assert_eq!((w.largest_fit, w.first_fail), (0, Some(1)));
+    }
+}

@@ -1,0 +1,628 @@
+//! The plan report: why the batch is what it is, as JSON (serde) and as text (`Display`).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use super::BudgetError;
+use super::choose::{ChooseConfig, Limit, safe_units};
+use super::cost::{CostModel, CostSource, Unit};
+use super::system::{GpuKind, SystemBudget};
+use crate::graph::GraphCost;
+
+/// Formats bytes for people: `512 B`, `3.4 MiB`, `7.27 GiB`.
+fn human(b: u64) -> String {
+    const K: f64 = 1024.0;
+    let f = b as f64;
+    if f < K {
+        format!("{b} B")
+    } else if f < K * K {
+        format!("{:.1} KiB", f / K)
+    } else if f < K * K * K {
+        format!("{:.1} MiB", f / (K * K))
+    } else {
+        format!("{:.2} GiB", f / (K * K * K))
+    }
+}
+
+/// One budget source in a report.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SourceReport {
+    /// `mem_available`, `cgroup`, `tegra_estimate` or `device_free`.
+    pub name: String,
+    /// Bytes it allows.
+    pub bytes: u64,
+    /// How it was computed.
+    pub detail: String,
+    /// Whether it is the minimum.
+    pub binds: bool,
+}
+
+fn source_reports(system: &SystemBudget) -> Vec<SourceReport> {
+    system
+        .sources
+        .iter()
+        .map(|s| SourceReport {
+            name: s.kind.name().to_string(),
+            bytes: s.bytes,
+            detail: s.detail.clone(),
+            binds: s.kind == system.binding,
+        })
+        .collect()
+}
+
+/// The inference plan: the cost breakdown, the budget and the batch it allows.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    /// `patch` (unit = sample) or `dense` (unit = tile).
+    pub mode: String,
+    /// Sample or tile.
+    pub unit: Unit,
+    /// Weight bytes (from the graph; 0 when no graph was given).
+    pub parameter_bytes: u64,
+    /// Peak live activation bytes per unit from the graph (the prior's `a`).
+    pub activation_bytes_per_unit: Option<u64>,
+    /// `M_fixed` of the cost model used.
+    pub fixed_bytes: u64,
+    /// `a` of the cost model used.
+    pub per_unit_bytes: u64,
+    /// Whether the model is the graph prior or calibrated.
+    pub cost_source: CostSource,
+    /// Calibration fit RMS residual, bytes.
+    pub fit_rms_residual_bytes: Option<f64>,
+    /// `r_frag`.
+    pub frag_margin: f64,
+    /// `ceil(budget_bytes * r_frag)`.
+    pub frag_margin_bytes: u64,
+    /// Every budget source.
+    pub sources: Vec<SourceReport>,
+    /// The source that binds (the minimum).
+    pub binding_source: String,
+    /// The binding source's bytes.
+    pub available_bytes: u64,
+    /// The reserve left to the rest of the system.
+    pub reserve_bytes: u64,
+    /// `available_bytes - reserve_bytes`.
+    pub budget_bytes: u64,
+    /// CPU only, integrated or discrete GPU.
+    pub gpu: GpuKind,
+    /// The Jetson model, when on one.
+    pub device_model: Option<String>,
+    /// The L4T release, when on a Jetson.
+    pub l4t_release: Option<String>,
+    /// The batch (units per run) that fits.
+    pub batch_safe: u64,
+    /// In dense mode, the same number counted as tiles.
+    pub tiles_safe: Option<u64>,
+    /// The memory formula's value before the caps.
+    pub memory_limit_units: u64,
+    /// What bound `batch_safe`.
+    pub limited_by: Limit,
+    /// The configured maximum.
+    pub max_units: u64,
+    /// The benchmark knee, when one was given.
+    pub knee: Option<u64>,
+    /// `M(batch_safe)`.
+    pub predicted_peak_bytes: u64,
+    /// Things the reader should know (uncalibrated prior, unsized tensors, memory pressure).
+    pub warnings: Vec<String>,
+}
+
+impl Plan {
+    /// Builds the plan for `cost` within `system`'s budget. `graph` adds the parameter and
+    /// activation breakdown and its warnings. Errors with [`BudgetError::DoesNotFit`] when not
+    /// even one unit fits.
+    pub fn build(
+        system: &SystemBudget,
+        cost: &CostModel,
+        graph: Option<&GraphCost>,
+        cfg: &ChooseConfig,
+    ) -> Result<Plan, BudgetError> {
+        let choice = safe_units(system.budget_bytes, cost, cfg)?;
+        if choice.units_safe == 0 {
+            return Err(BudgetError::DoesNotFit {
+                unit: cost.unit,
+                budget_bytes: system.budget_bytes,
+                usable_bytes: choice.usable_bytes,
+                fixed_bytes: cost.fixed_bytes,
+                per_unit_bytes: cost.per_unit_bytes,
+                binding: system.binding.name().to_string(),
+            });
+        }
+        let mut warnings = Vec::new();
+        if cost.source == CostSource::GraphPrior {
+            warnings.push("cost is the graph prior, not calibrated: runtime workspaces are not counted".to_string());
+        }
+        if let Some(g) = graph
+            && !g.unsized_tensors.is_empty()
+        {
+            warnings.push(format!(
+                "{} activation tensors have no shape in the model (run ONNX shape inference); the activation estimate is a lower bound",
+                g.unsized_tensors.len()
+            ));
+        }
+        if let Some(p) = &system.psi
+            && p.some_avg10 >= 10.0
+        {
+            warnings.push(format!(
+                "memory pressure is high (PSI some avg10 {:.1}%): the budget may fall soon",
+                p.some_avg10
+            ));
+        }
+        let jetson = system.jetson.as_ref();
+        Ok(Plan {
+            mode: match cost.unit {
+                Unit::Sample => "patch",
+                Unit::Tile => "dense",
+            }
+            .to_string(),
+            unit: cost.unit,
+            parameter_bytes: graph.map_or(0, |g| g.parameter_bytes),
+            activation_bytes_per_unit: graph.map(|g| g.activation_peak_bytes),
+            fixed_bytes: cost.fixed_bytes,
+            per_unit_bytes: cost.per_unit_bytes,
+            cost_source: cost.source,
+            fit_rms_residual_bytes: cost.fit_rms_residual_bytes,
+            frag_margin: cfg.frag_margin,
+            frag_margin_bytes: choice.frag_margin_bytes,
+            sources: source_reports(system),
+            binding_source: system.binding.name().to_string(),
+            available_bytes: system.available_bytes,
+            reserve_bytes: system.reserve_bytes,
+            budget_bytes: system.budget_bytes,
+            gpu: system.gpu,
+            device_model: jetson.and_then(|j| j.model.clone()),
+            l4t_release: jetson.and_then(|j| j.l4t_release.clone()),
+            batch_safe: choice.units_safe,
+            tiles_safe: (cost.unit == Unit::Tile).then_some(choice.units_safe),
+            memory_limit_units: choice.memory_units,
+            limited_by: choice.limited_by,
+            max_units: cfg.max_units,
+            knee: cfg.knee,
+            predicted_peak_bytes: choice.predicted_peak_bytes,
+            warnings,
+        })
+    }
+}
+
+impl fmt::Display for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "memory plan ({} mode, unit = {})", self.mode, self.unit)?;
+        if let Some(m) = &self.device_model {
+            writeln!(
+                f,
+                "  device          {m}{}",
+                self.l4t_release
+                    .as_deref()
+                    .map(|r| format!(" (L4T {r})"))
+                    .unwrap_or_default()
+            )?;
+        }
+        writeln!(f, "  budget sources:")?;
+        for s in &self.sources {
+            writeln!(
+                f,
+                "  {} {:<15} {:>10}  {}",
+                if s.binds { "*" } else { " " },
+                s.name,
+                human(s.bytes),
+                s.detail
+            )?;
+        }
+        writeln!(
+            f,
+            "  budget          {} = {} ({}) - reserve {}",
+            human(self.budget_bytes),
+            human(self.available_bytes),
+            self.binding_source,
+            human(self.reserve_bytes)
+        )?;
+        writeln!(
+            f,
+            "  fragmentation   {} ({:.0} %)",
+            human(self.frag_margin_bytes),
+            self.frag_margin * 100.0
+        )?;
+        writeln!(f, "  parameters      {}", human(self.parameter_bytes))?;
+        if let Some(a) = self.activation_bytes_per_unit {
+            writeln!(f, "  activations     {} per {} (graph peak)", human(a), self.unit)?;
+        }
+        let source = match self.cost_source {
+            CostSource::GraphPrior => "graph prior".to_string(),
+            CostSource::Calibrated => format!(
+                "calibrated, rms residual {}",
+                human(self.fit_rms_residual_bytes.unwrap_or(0.0).max(0.0) as u64)
+            ),
+            CostSource::Given => "given".to_string(),
+        };
+        writeln!(
+            f,
+            "  cost            M(B) = {} + {} * B ({source})",
+            human(self.fixed_bytes),
+            human(self.per_unit_bytes)
+        )?;
+        writeln!(
+            f,
+            "  batch_safe      {} {}s (memory allows {}, limited by {})",
+            self.batch_safe, self.unit, self.memory_limit_units, self.limited_by
+        )?;
+        write!(f, "  predicted peak  {}", human(self.predicted_peak_bytes))?;
+        for w in &self.warnings {
+            write!(f, "\n  warning: {w}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The optimiser of a training run, which sets the state kept per parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Optimizer {
+    /// Adam: two moments, 2x the parameters.
+    Adam,
+    /// SGD with momentum: one buffer, 1x the parameters.
+    Sgd,
+}
+
+impl Optimizer {
+    /// State bytes per parameter byte.
+    pub fn state_multiple(self) -> u64 {
+        match self {
+            Self::Adam => 2,
+            Self::Sgd => 1,
+        }
+    }
+}
+
+impl FromStr for Optimizer {
+    type Err = BudgetError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "adam" => Ok(Self::Adam),
+            "sgd" => Ok(Self::Sgd),
+            _ => Err(BudgetError::Config {
+                field: "optimizer",
+                value: s.to_string(),
+                why: "expected adam or sgd",
+            }),
+        }
+    }
+}
+
+impl fmt::Display for Optimizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Adam => "adam",
+            Self::Sgd => "sgd",
+        })
+    }
+}
+
+/// Expected number of distinct classes in a batch of `batch` samples drawn uniformly from
+/// `classes` classes: `K (1 - (1 - 1/K)^B)`.
+pub fn class_coverage(classes: u64, batch: u64) -> f64 {
+    if classes == 0 {
+        return 0.0;
+    }
+    let k = classes as f64;
+    let b = i32::try_from(batch).unwrap_or(i32::MAX);
+    k * (1.0 - (1.0 - 1.0 / k).powi(b))
+}
+
+/// The warning when a memory-safe batch cannot hold one sample of every class.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ClassCoverageWarning {
+    /// The memory-safe batch.
+    pub batch: u64,
+    /// The number of classes.
+    pub classes: u64,
+    /// `K (1 - (1 - 1/K)^B)`.
+    pub expected_classes_covered: f64,
+    /// The warning in words.
+    pub message: String,
+    /// What to do about it.
+    pub remedies: Vec<String>,
+}
+
+/// The training memory plan (`--train --classes K --optimizer adam|sgd`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TrainingPlan {
+    /// K.
+    pub classes: u64,
+    /// The optimiser.
+    pub optimizer: Optimizer,
+    /// Weights.
+    pub parameter_bytes: u64,
+    /// Gradients: one per parameter.
+    pub gradient_bytes: u64,
+    /// Optimiser state: 2x parameters for Adam, 1x for SGD with momentum.
+    pub optimizer_state_bytes: u64,
+    /// Runtime overhead counted in the fixed cost.
+    pub runtime_overhead_bytes: u64,
+    /// Parameters + gradients + state + overhead.
+    pub fixed_bytes: u64,
+    /// Activations kept for backward per sample: the sum of all activations, not the peak.
+    pub retained_activation_bytes_per_sample: u64,
+    /// The budget after the reserve.
+    pub budget_bytes: u64,
+    /// The source that binds.
+    pub binding_source: String,
+    /// `ceil(budget_bytes * r_frag)`.
+    pub frag_margin_bytes: u64,
+    /// The memory-safe training batch.
+    pub batch_safe: u64,
+    /// What bound it.
+    pub limited_by: Limit,
+    /// `M(batch_safe)`.
+    pub predicted_peak_bytes: u64,
+    /// Expected distinct classes per batch at `batch_safe`.
+    pub expected_classes_per_batch: f64,
+    /// Set when `batch_safe < classes`.
+    pub class_coverage_warning: Option<ClassCoverageWarning>,
+}
+
+impl TrainingPlan {
+    /// Builds the training plan from the graph's parameters and activations.
+    pub fn build(
+        system: &SystemBudget,
+        graph: &GraphCost,
+        classes: u64,
+        optimizer: Optimizer,
+        runtime_overhead_bytes: u64,
+        cfg: &ChooseConfig,
+    ) -> Result<TrainingPlan, BudgetError> {
+        if classes == 0 {
+            return Err(BudgetError::Config {
+                field: "classes",
+                value: "0".into(),
+                why: "a classifier has at least one class",
+            });
+        }
+        let p = graph.parameter_bytes;
+        let gradient_bytes = p;
+        let optimizer_state_bytes = p.saturating_mul(optimizer.state_multiple());
+        let fixed_bytes = p
+            .saturating_add(gradient_bytes)
+            .saturating_add(optimizer_state_bytes)
+            .saturating_add(runtime_overhead_bytes);
+        let a = graph.activation_total_bytes;
+        let cost = CostModel {
+            source: CostSource::GraphPrior,
+            ..CostModel::new(Unit::Sample, fixed_bytes, a)
+        };
+        let choice = safe_units(system.budget_bytes, &cost, cfg)?;
+        if choice.units_safe == 0 {
+            return Err(BudgetError::DoesNotFit {
+                unit: Unit::Sample,
+                budget_bytes: system.budget_bytes,
+                usable_bytes: choice.usable_bytes,
+                fixed_bytes,
+                per_unit_bytes: cost.per_unit_bytes,
+                binding: system.binding.name().to_string(),
+            });
+        }
+        let b = choice.units_safe;
+        let expected = class_coverage(classes, b);
+        let class_coverage_warning = (b < classes).then(|| ClassCoverageWarning {
+            batch: b,
+            classes,
+            expected_classes_covered: expected,
+            message: format!(
+                "the memory-safe batch {b} is smaller than the {classes} classes: no batch can hold every class (about {expected:.1} distinct classes per batch), so BatchNorm statistics and per-batch gradients are biased"
+            ),
+            remedies: vec![
+                "use GroupNorm instead of BatchNorm (no batch statistics)".to_string(),
+                format!(
+                    "accumulate gradients over {} batches for an effective batch >= {classes}",
+                    classes.div_ceil(b)
+                ),
+                "sample batches class-stratified so each class recurs regularly".to_string(),
+                "use a smaller patch to cut activation memory per sample".to_string(),
+            ],
+        });
+        Ok(TrainingPlan {
+            classes,
+            optimizer,
+            parameter_bytes: p,
+            gradient_bytes,
+            optimizer_state_bytes,
+            runtime_overhead_bytes,
+            fixed_bytes,
+            retained_activation_bytes_per_sample: a,
+            budget_bytes: system.budget_bytes,
+            binding_source: system.binding.name().to_string(),
+            frag_margin_bytes: choice.frag_margin_bytes,
+            batch_safe: b,
+            limited_by: choice.limited_by,
+            predicted_peak_bytes: choice.predicted_peak_bytes,
+            expected_classes_per_batch: expected,
+            class_coverage_warning,
+        })
+    }
+}
+
+impl fmt::Display for TrainingPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "training memory plan ({} classes, optimizer {})",
+            self.classes, self.optimizer
+        )?;
+        writeln!(f, "  parameters       {}", human(self.parameter_bytes))?;
+        writeln!(f, "  gradients        {}", human(self.gradient_bytes))?;
+        writeln!(f, "  optimizer state  {}", human(self.optimizer_state_bytes))?;
+        writeln!(f, "  runtime          {}", human(self.runtime_overhead_bytes))?;
+        writeln!(
+            f,
+            "  activations      {} per sample (all retained for backward)",
+            human(self.retained_activation_bytes_per_sample)
+        )?;
+        writeln!(
+            f,
+            "  budget           {} (binding: {}), fragmentation {}",
+            human(self.budget_bytes),
+            self.binding_source,
+            human(self.frag_margin_bytes)
+        )?;
+        write!(
+            f,
+            "  batch_safe       {} (limited by {}), predicted peak {}, ~{:.1} classes per batch",
+            self.batch_safe,
+            self.limited_by,
+            human(self.predicted_peak_bytes),
+            self.expected_classes_per_batch
+        )?;
+        if let Some(w) = &self.class_coverage_warning {
+            write!(f, "\n  WARNING: {}", w.message)?;
+            for r in &w.remedies {
+                write!(f, "\n    - {r}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::budget::system::{BudgetSource, MemInfo, SourceKind};
+
+    const MIB: u64 = 1 << 20;
+
+    fn system(budget: u64) -> SystemBudget {
+        SystemBudget {
+            sources: vec![
+                BudgetSource {
+                    kind: SourceKind::MemAvailable,
+                    bytes: budget + 2 * budget,
+                    detail: "MemAvailable".into(),
+                },
+                BudgetSource {
+                    kind: SourceKind::TegraEstimate,
+                    bytes: budget + 512 * MIB,
+                    detail: "tegra".into(),
+                },
+            ],
+            binding: SourceKind::TegraEstimate,
+            available_bytes: budget + 512 * MIB,
+            reserve_bytes: 512 * MIB,
+            budget_bytes: budget,
+            meminfo: MemInfo {
+                total_bytes: 8 << 30,
+                free_bytes: 0,
+                available_bytes: 0,
+                swap_total_bytes: 0,
+                swap_free_bytes: 0,
+                nvmap_used_bytes: None,
+            },
+            cgroup: None,
+            jetson: None,
+            gpu: GpuKind::Integrated,
+            psi: None,
+        }
+    }
+
+    fn graph() -> GraphCost {
+        GraphCost {
+            parameter_bytes: 20 * MIB,
+            parameter_tensors: 10,
+            activation_peak_bytes: 2 * MIB,
+            peak_node: Some("conv3".into()),
+            activation_total_bytes: 10 * MIB,
+            input_bytes: MIB,
+            output_bytes: 64,
+            node_count: 12,
+            unsized_tensors: vec!["t1".into()],
+        }
+    }
+
+    #[test]
+    fn plan_json_has_contract_fields() {
+        let g = graph();
+        let cost = CostModel::from_graph(&g, Unit::Tile, 64 * MIB);
+        let plan = Plan::build(&system(1024 * MIB), &cost, Some(&g), &ChooseConfig::default()).unwrap();
+        // (1024*0.9 - 84) / 2 = 418.8 -> 418.
+        assert_eq!(plan.batch_safe, 418);
+        assert_eq!(plan.tiles_safe, Some(418));
+        let v = serde_json::to_value(&plan).unwrap();
+        for k in [
+            "batch_safe",
+            "budget_bytes",
+            "predicted_peak_bytes",
+            "binding_source",
+            "tiles_safe",
+            "sources",
+        ] {
+            assert!(v.get(k).is_some(), "missing {k}");
+        }
+        assert_eq!(v["binding_source"], "tegra_estimate");
+        assert_eq!(v["sources"][1]["binds"], true);
+        assert_eq!(plan.warnings.len(), 2);
+        let text = plan.to_string();
+        assert!(text.contains("batch_safe      418 tiles"), "{text}");
+        assert!(text.contains("* tegra_estimate"), "{text}");
+    }
+
+    #[test]
+    fn plan_does_not_fit() {
+        let cost = CostModel::new(Unit::Sample, 2048 * MIB, MIB);
+        let err = Plan::build(&system(1024 * MIB), &cost, None, &ChooseConfig::default()).unwrap_err();
+        assert!(err.to_string().contains("tegra_estimate"), "{err}");
+    }
+
+    #[test]
+    fn training_plan_and_red_line() {
+        let g = graph();
+        let t = TrainingPlan::build(
+            &system(1024 * MIB),
+            &g,
+            16,
+            Optimizer::Adam,
+            64 * MIB,
+            &ChooseConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(t.fixed_bytes, 20 * MIB * 4 + 64 * MIB);
+        assert_eq!(t.optimizer_state_bytes, 40 * MIB);
+        // (921.6 - 144) / 10 = 77.76 -> 77 >= 16: no warning.
+        assert_eq!(t.batch_safe, 77);
+        assert!(t.class_coverage_warning.is_none());
+        let sgd = TrainingPlan::build(
+            &system(1024 * MIB),
+            &g,
+            16,
+            Optimizer::Sgd,
+            64 * MIB,
+            &ChooseConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(sgd.fixed_bytes, 20 * MIB * 3 + 64 * MIB);
+        // 200 MiB budget: (180 - 144) / 10 = 3 < 16 classes.
+        let small = TrainingPlan::build(
+            &system(200 * MIB),
+            &g,
+            16,
+            Optimizer::Adam,
+            64 * MIB,
+            &ChooseConfig::default(),
+        )
+        .unwrap();
+        assert_eq!(small.batch_safe, 3);
+        let w = small.class_coverage_warning.clone().unwrap();
+        assert!((w.expected_classes_covered - 16.0 * (1.0 - (15.0f64 / 16.0).powi(3))).abs() < 1e-12);
+        assert_eq!(w.remedies.len(), 4);
+        assert!(small.to_string().contains("GroupNorm"));
+        assert!(w.remedies[1].contains("6 batches"));
+    }
+
+    #[test]
+    fn coverage_formula() {
+        assert_eq!(class_coverage(1, 5), 1.0);
+        assert!((class_coverage(2, 2) - 1.5).abs() < 1e-12);
+        assert_eq!(class_coverage(0, 5), 0.0);
+        assert!(class_coverage(16, 1000) > 15.999);
+        assert_eq!("ADAM".parse::<Optimizer>().unwrap(), Optimizer::Adam);
+        assert!("rmsprop".parse::<Optimizer>().is_err());
+    }
+}
