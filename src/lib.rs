@@ -2,9 +2,13 @@
 //!
 //! The pipeline runs sensor cube -> tiles -> engine -> stitched maps -> sinks; see `ARCHITECTURE.md`.
 
+pub mod budget;
 pub mod config;
 pub mod cube;
 pub mod engine;
+pub mod ffi;
+pub mod graph;
+pub mod job;
 pub mod map;
 pub mod model;
 pub mod pipeline;
