@@ -1,0 +1,289 @@
+//! Black-box tests of `hsiedge classify`, `inspect` and `simulate` on small generated cubes and the
+//! committed fixture model, including every bad-input path.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+
+fn tiny() -> PathBuf {
+    root().join("models/fixtures/tiny/manifest.json")
+}
+
+/// A 4-band cube of 13 x 17 pixels (not a multiple of any tile size used below).
+fn tiny_cube(dir: &Path) -> PathBuf {
+    write_cube(dir, "scene", 13, 17, 4, |l, b, s| {
+        100.0 * (b + 1) as f32 + 7.0 * ((l * 3 + s * 5 + b) % 11) as f32 - 30.0
+    })
+}
+
+fn classify(scene: &Path, model: &Path, out: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "classify",
+        scene.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    summary(&ok(&args))
+}
+
+#[test]
+fn dense_and_patch_modes_agree_on_every_pixel() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let patch = dir.path().join("patch");
+    let dense = dir.path().join("dense");
+    let sp = classify(&scene, &tiny(), &patch, &["--mode", "patch", "--batch", "7", "--tile", "5", "--keep-scores"]);
+    let sd = classify(&scene, &tiny(), &dense, &["--mode", "dense", "--batch", "2", "--tile", "5", "--keep-scores"]);
+    assert_eq!(sp["mode"], "patch");
+    assert_eq!(sd["mode"], "dense");
+    for s in [&sp, &sd] {
+        assert_eq!(s["pixels"], 13 * 17);
+        for key in ["elapsed_s", "pixels_per_s", "batch", "class_map"] {
+            assert!(!s[key].is_null(), "summary lacks {key}: {s}");
+        }
+    }
+    let cp = std::fs::read(patch.join("class_map.img")).unwrap();
+    let cd = std::fs::read(dense.join("class_map.img")).unwrap();
+    assert_eq!(cp, cd);
+    assert!(cp.iter().all(|&c| c == 1 || c == 2));
+    let (a, b) = (read_f32(&patch.join("scores.img")), read_f32(&dense.join("scores.img")));
+    assert_eq!(a.len(), 2 * 13 * 17);
+    let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(max <= 1e-4, "max logit difference {max}");
+    let conf = read_f32(&patch.join("confidence.img"));
+    assert!(conf.iter().all(|c| (0.5..=1.0).contains(c)), "softmax max of 2 classes lies in [0.5, 1]");
+}
+
+#[test]
+fn fixture_reproduces_onnxruntime_reference_output() {
+    // expected.json holds the dense twin's output computed by onnxruntime in Python for a known input.
+    let expected: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(root().join("models/fixtures/tiny/expected.json")).unwrap())
+            .unwrap();
+    let want: Vec<f32> =
+        expected["dense_output"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+    // Input normalised x = arange(4*5*6)/60 - 1 over a 5 x 6 window: raw = x * std + mean, and the
+    // window is the halo-padded 3 x 4 tile centre, so write the 3 x 4 interior and let reflection
+    // reproduce the border exactly only where it matches; compare the interior pixel that sees no
+    // reflected sample.
+    let mean = [100.0f32, 200.0, 300.0, 400.0];
+    let std = [10.0f32, 20.0, 30.0, 40.0];
+    let dir = tempfile::tempdir().unwrap();
+    let scene = write_cube(dir.path(), "ref", 5, 6, 4, |l, b, s| {
+        let x = ((b * 5 + l) * 6 + s) as f32 / 60.0 - 1.0;
+        x * std[b] + mean[b]
+    });
+    let out = dir.path().join("o");
+    classify(&scene, &tiny(), &out, &["--mode", "patch", "--keep-scores"]);
+    let got = read_f32(&out.join("scores.img"));
+    // Dense output pixel (i, j) of the 3 x 4 result is scene pixel (i + 1, j + 1).
+    let (n, oh, ow) = (5 * 6, 3, 4);
+    for c in 0..2 {
+        for i in 0..oh {
+            for j in 0..ow {
+                let g = got[c * n + (i + 1) * 6 + (j + 1)];
+                let w = want[(c * oh + i) * ow + j];
+                assert!((g - w).abs() < 1e-4, "channel {c} pixel ({i},{j}): {g} vs {w}");
+            }
+        }
+    }
+}
+
+#[test]
+fn written_maps_are_valid_envi() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let out = dir.path().join("o");
+    classify(&scene, &tiny(), &out, &[]);
+    let h = ok(&["inspect", out.join("class_map.hdr").to_str().unwrap()]);
+    let h: serde_json::Value = serde_json::from_str(&h).unwrap();
+    assert_eq!(h["file_type"], "ENVI Classification");
+    assert_eq!(h["classes"], 3);
+    assert_eq!(h["class_names"][1], "class_a");
+    assert_eq!(h["class_lookup"][1], serde_json::json!([255, 0, 0]));
+    let png = std::fs::read(out.join("quicklook.png")).unwrap();
+    assert_eq!(&png[1..4], b"PNG");
+    assert_eq!(std::fs::metadata(out.join("confidence.img")).unwrap().len(), 13 * 17 * 4);
+    let names: Vec<String> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert!(names.iter().all(|n| !n.ends_with(".tmp")), "no temporaries left: {names:?}");
+}
+
+#[test]
+fn gdal_and_spectral_python_open_the_maps() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let out = dir.path().join("o");
+    classify(&scene, &tiny(), &out, &["--keep-scores"]);
+    let ci = std::env::var("CI").is_ok();
+    match std::process::Command::new("gdalinfo").arg(out.join("class_map.img")).output() {
+        Ok(o) => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            assert!(o.status.success(), "gdalinfo failed: {}", String::from_utf8_lossy(&o.stderr));
+            assert!(text.contains("Size is 17, 13"), "{text}");
+            assert!(text.contains("class_b"), "class names reach GDAL: {text}");
+        }
+        Err(_) if !ci => eprintln!("skipped: gdalinfo not installed"),
+        Err(e) => panic!("CI installs gdal-bin: {e}"),
+    }
+    let py = format!(
+        "import spectral, numpy as np\n\
+         c = spectral.open_image('{}').load()\n\
+         s = spectral.open_image('{}').load()\n\
+         assert c.shape == (13, 17, 1), c.shape\n\
+         assert s.shape == (13, 17, 2), s.shape\n\
+         assert set(np.unique(c)) <= {{1, 2}}\n\
+         print('ok')",
+        out.join("class_map.hdr").display(),
+        out.join("scores.hdr").display()
+    );
+    match std::process::Command::new("python3").args(["-c", &py]).output() {
+        Ok(o) if o.status.success() => assert!(String::from_utf8_lossy(&o.stdout).contains("ok")),
+        Ok(o) if !ci && String::from_utf8_lossy(&o.stderr).contains("No module named 'spectral'") => {
+            eprintln!("skipped: spectral not installed")
+        }
+        Ok(o) => panic!("spectral python: {}", String::from_utf8_lossy(&o.stderr)),
+        Err(e) => panic!("python3: {e}"),
+    }
+}
+
+/// Asserts the run failed cleanly, naming `needles`, and left no complete-looking output.
+fn bad(scene: &Path, model: &Path, needles: &[&str]) {
+    let out = scene.parent().unwrap().join("bad_out");
+    let err = fails(&[
+        "classify",
+        scene.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    for n in needles {
+        assert!(err.contains(n), "error should name `{n}`: {err}");
+    }
+    for f in ["class_map.img", "class_map.hdr", "summary.json", "quicklook.png"] {
+        assert!(!out.join(f).exists(), "{f} written despite the error");
+    }
+}
+
+#[test]
+fn malformed_header_names_file_and_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let text = std::fs::read_to_string(&scene).unwrap().replace("samples = 17", "samples = seventeen");
+    std::fs::write(&scene, text).unwrap();
+    bad(&scene, &tiny(), &["scene.hdr", "samples", "seventeen"]);
+}
+
+#[test]
+fn unknown_data_type_is_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let text = std::fs::read_to_string(&scene).unwrap().replace("data type = 4", "data type = 6");
+    std::fs::write(&scene, text).unwrap();
+    bad(&scene, &tiny(), &["scene.hdr", "data type", "6"]);
+}
+
+#[test]
+fn truncated_data_file_is_rejected_before_mapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let img = scene.with_extension("img");
+    let bytes = std::fs::read(&img).unwrap();
+    std::fs::write(&img, &bytes[..bytes.len() / 2]).unwrap();
+    bad(&scene, &tiny(), &["scene.img", "bytes"]);
+}
+
+#[test]
+fn band_count_mismatch_names_both_sides() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = write_cube(dir.path(), "five", 4, 4, 5, |_, b, _| b as f32);
+    bad(&scene, &tiny(), &["five.hdr", "5 bands", "input.bands", "manifest.json"]);
+}
+
+#[test]
+fn missing_onnx_file_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let text = std::fs::read_to_string(tiny()).unwrap().replace("\"patch.onnx\"", "\"gone.onnx\"");
+    let m = dir.path().join("manifest.json");
+    std::fs::write(&m, text).unwrap();
+    bad(&scene, &m, &["files.patch", "gone.onnx"]);
+}
+
+#[test]
+fn wrong_tensor_rank_names_graph_and_manifest() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = root().join("models/fixtures/bad_rank/manifest.json");
+    let bands = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&m).unwrap()).unwrap()["input"]["bands"]
+        .as_u64()
+        .unwrap() as usize;
+    let scene = write_cube(dir.path(), "scene", 6, 6, bands, |_, b, _| b as f32);
+    bad(&scene, &m, &["rank 3", ".onnx", "input.layout"]);
+}
+
+#[test]
+fn missing_runtime_library_says_what_to_install() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let err = fails(&[
+        "classify",
+        scene.to_str().unwrap(),
+        "--model",
+        tiny().to_str().unwrap(),
+        "--out",
+        dir.path().join("o").to_str().unwrap(),
+        "--ort-lib",
+        "/nonexistent/libonnxruntime.so",
+    ]);
+    assert!(err.contains("--ort-lib") && err.contains("/nonexistent/libonnxruntime.so"), "{err}");
+}
+
+#[test]
+fn bad_settings_are_rejected() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    for (flag, value, needle) in [("--batch", "0", "--batch"), ("--mode", "fast", "--mode"), ("--tile", "0", "--tile")] {
+        let err = fails(&[
+            "classify",
+            scene.to_str().unwrap(),
+            "--model",
+            tiny().to_str().unwrap(),
+            "--out",
+            dir.path().join("o").to_str().unwrap(),
+            flag,
+            value,
+        ]);
+        assert!(err.contains(needle), "{err}");
+    }
+}
+
+#[test]
+fn simulate_writes_a_labelled_synthetic_scene() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("sim");
+    ok(&["simulate", "--model", tiny().to_str().unwrap(), "--out", out.to_str().unwrap(), "--lines", "9", "--samples", "11"]);
+    let h = std::fs::read_to_string(out.join("scene.hdr")).unwrap();
+    assert!(h.contains("SYNTHETIC"));
+    let labels = std::fs::read(out.join("labels.img")).unwrap();
+    assert_eq!(labels.len(), 99);
+    assert!(labels.contains(&1) && labels.contains(&2), "every class appears");
+    let o = dir.path().join("o");
+    let s = summary(&ok(&[
+        "classify",
+        out.join("scene.hdr").to_str().unwrap(),
+        "--model",
+        tiny().to_str().unwrap(),
+        "--out",
+        o.to_str().unwrap(),
+        "--labels",
+        out.join("labels.hdr").to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(s["accuracy"]["labelled_pixels"], 99);
+}

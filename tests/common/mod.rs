@@ -1,0 +1,112 @@
+//! Shared helpers of the black-box tests: running the binary, locating data, writing small cubes.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The `hsiedge` binary as a command; `HSIEDGE_TEST_RUNNER` (e.g. `qemu-aarch64 -L /usr/aarch64-linux-gnu`)
+/// prefixes it when the tests run a cross-compiled binary under emulation.
+pub fn hsiedge() -> Command {
+    let bin = env!("CARGO_BIN_EXE_hsiedge");
+    match std::env::var("HSIEDGE_TEST_RUNNER").ok().filter(|s| !s.trim().is_empty()) {
+        Some(runner) => {
+            let mut parts = runner.split_whitespace();
+            let mut c = Command::new(parts.next().unwrap_or("env"));
+            c.args(parts).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    }
+}
+
+/// Runs `hsiedge` with `args`, returning its output.
+pub fn run(args: &[&str]) -> Output {
+    hsiedge().args(args).output().expect("spawn hsiedge")
+}
+
+/// Runs `hsiedge` and asserts success, returning stdout.
+pub fn ok(args: &[&str]) -> String {
+    let out = run(args);
+    assert!(
+        out.status.success(),
+        "hsiedge {args:?} failed ({}):\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Runs `hsiedge`, asserts failure without a panic, and returns stderr.
+pub fn fails(args: &[&str]) -> String {
+    let out = run(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "hsiedge {args:?} should fail");
+    assert_eq!(out.status.code(), Some(1), "clean error exit expected, got {}: {err}", out.status);
+    assert!(!err.contains("panicked"), "panic: {err}");
+    err
+}
+
+/// The shared benchmark data, or `None` (with the reason printed) when it is absent outside CI.
+/// In CI the data must be there: its absence fails the test.
+pub fn data() -> Option<PathBuf> {
+    let dir = std::env::var("HSIEDGE_DATA").map(PathBuf::from).unwrap_or_else(|_| root().join("../shared/data"));
+    if dir.join("salinas_a/salinas_a.hdr").is_file() {
+        return Some(dir);
+    }
+    assert!(std::env::var("CI").is_err(), "CI must have the shared data at {}", dir.display());
+    eprintln!("skipped: no shared data at {}", dir.display());
+    None
+}
+
+/// A model manifest under `models/`, or `None` (printed) when the model has not been trained yet.
+pub fn model(name: &str) -> Option<PathBuf> {
+    let p = root().join("models").join(name).join("manifest.json");
+    if p.is_file() {
+        Some(p)
+    } else {
+        eprintln!("skipped: model {name} not present");
+        None
+    }
+}
+
+/// Writes a little-endian float32 BIL cube whose value at (line, band, sample) is `f(line, band, sample)`.
+pub fn write_cube(dir: &Path, name: &str, lines: usize, samples: usize, bands: usize, f: impl Fn(usize, usize, usize) -> f32) -> PathBuf {
+    let mut bytes = Vec::with_capacity(lines * samples * bands * 4);
+    for l in 0..lines {
+        for b in 0..bands {
+            for s in 0..samples {
+                bytes.extend(f(l, b, s).to_le_bytes());
+            }
+        }
+    }
+    std::fs::write(dir.join(format!("{name}.img")), bytes).unwrap();
+    let hdr = dir.join(format!("{name}.hdr"));
+    std::fs::write(
+        &hdr,
+        format!(
+            "ENVI\ndescription = {{test cube}}\nsamples = {samples}\nlines = {lines}\nbands = {bands}\n\
+             header offset = 0\nfile type = ENVI Standard\ndata type = 4\ninterleave = bil\nbyte order = 0\n"
+        ),
+    )
+    .unwrap();
+    hdr
+}
+
+/// Reads a little-endian float32 file.
+pub fn read_f32(path: &Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Parses a `--json` summary.
+pub fn summary(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("summary is not JSON ({e}): {stdout}"))
+}
