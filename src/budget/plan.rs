@@ -224,8 +224,9 @@ impl fmt::Display for Plan {
             human(self.frag_margin_bytes),
             self.frag_margin * 100.0
         )?;
-        writeln!(f, "  parameters      {}", human(self.parameter_bytes))?;
+        // Without a graph there is no breakdown to show, only the cost model below.
         if let Some(a) = self.activation_bytes_per_unit {
+            writeln!(f, "  parameters      {}", human(self.parameter_bytes))?;
             writeln!(f, "  activations     {} per {} (graph peak)", human(a), self.unit)?;
         }
         let source = match self.cost_source {

@@ -215,10 +215,8 @@ fn cgroup_dir(root: &Path, mount: &Mount, path: &str) -> PathBuf {
     // hierarchy; strip it so the process's path lands under the mount point.
     let rel = if mount.root == "/" {
         path
-    } else if let Some(rest) = path.strip_prefix(mount.root.as_str()) {
-        rest
     } else {
-        "/"
+        path.strip_prefix(mount.root.as_str()).unwrap_or("/")
     };
     let dir = mp.join(rel.trim_start_matches('/'));
     if dir.is_dir() { dir } else { mp }
