@@ -24,7 +24,7 @@
 //! Subgraphs of control-flow nodes (`If`, `Loop`, `Scan`) are not walked; their outputs count
 //! only if the outer graph declares their shapes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -327,6 +327,11 @@ pub struct ShapeBindings {
     /// Values for named `dim_param`s at any axis (e.g. the dense twin's `height`/`width` bound
     /// to the tile size plus halo). A bound name wins over the batch rule.
     pub named: BTreeMap<String, u64>,
+    /// The value of any other unbound symbolic dimension, when set. For a fully convolutional
+    /// dense twin, the padded tile side bounds every spatial dimension from above, so it gives
+    /// a safe estimate where shape inference left symbols such as `unk__3`. `None`: such a
+    /// dimension is [`GraphError::UnboundDim`].
+    pub other_dims: Option<u64>,
     /// When true, a tensor without shape information is an error instead of being listed in
     /// [`GraphCost::unsized_tensors`].
     pub require_all_shapes: bool,
@@ -337,6 +342,7 @@ impl Default for ShapeBindings {
         Self {
             batch: 1,
             named: BTreeMap::new(),
+            other_dims: None,
             require_all_shapes: false,
         }
     }
@@ -351,6 +357,47 @@ impl ShapeBindings {
     {
         Self {
             named: named.into_iter().map(|(k, v)| (k.into(), v)).collect(),
+            ..Self::default()
+        }
+    }
+
+    /// Per-tile bindings for a dense twin: the symbolic last two axes of every graph input
+    /// (rank >= 3) are bound to the padded tile (`tile + 2*halo`), those of every graph output
+    /// to the tile, and any other unbound symbol to the larger padded side (an upper bound for a
+    /// fully convolutional net). Named bindings already in the model's inputs win in file order.
+    pub fn dense_tile(model: &onnx::ModelProto, tile_h: u64, tile_w: u64, halo: u64) -> Self {
+        let pad_h = tile_h.saturating_add(halo.saturating_mul(2));
+        let pad_w = tile_w.saturating_add(halo.saturating_mul(2));
+        let mut named = BTreeMap::new();
+        if let Some(g) = model.graph.as_ref() {
+            let sides = g
+                .input
+                .iter()
+                .map(|v| (v, pad_h, pad_w))
+                .chain(g.output.iter().map(|v| (v, tile_h, tile_w)));
+            for (vi, h, w) in sides {
+                let Some(shape) = vi
+                    .r#type
+                    .as_ref()
+                    .and_then(|t| t.tensor_type.as_ref())
+                    .and_then(|t| t.shape.as_ref())
+                else {
+                    continue;
+                };
+                let rank = shape.dim.len();
+                if rank < 3 {
+                    continue;
+                }
+                for (axis, value) in [(rank - 2, h), (rank - 1, w)] {
+                    if let Some(onnx::DimValue::DimParam(p)) = &shape.dim[axis].value {
+                        named.entry(p.clone()).or_insert(value);
+                    }
+                }
+            }
+        }
+        Self {
+            named,
+            other_dims: Some(pad_h.max(pad_w)),
             ..Self::default()
         }
     }
@@ -494,10 +541,11 @@ fn resolve_shape(vi: &onnx::ValueInfoProto, bindings: &ShapeBindings) -> Result<
                 axis,
                 value: *v,
             })?,
-            Some(onnx::DimValue::DimParam(p)) => match bindings.named.get(p) {
-                Some(&v) => v,
-                None if axis == 0 => bindings.batch,
-                None => {
+            Some(onnx::DimValue::DimParam(p)) => match (bindings.named.get(p), bindings.other_dims) {
+                (Some(&v), _) => v,
+                (None, _) if axis == 0 => bindings.batch,
+                (None, Some(v)) => v,
+                (None, None) => {
                     return Err(GraphError::UnboundDim {
                         tensor: vi.name.clone(),
                         axis,
@@ -506,13 +554,16 @@ fn resolve_shape(vi: &onnx::ValueInfoProto, bindings: &ShapeBindings) -> Result<
                 }
             },
             None if axis == 0 => bindings.batch,
-            None => {
-                return Err(GraphError::UnboundDim {
-                    tensor: vi.name.clone(),
-                    axis,
-                    param: String::new(),
-                });
-            }
+            None => match bindings.other_dims {
+                Some(v) => v,
+                None => {
+                    return Err(GraphError::UnboundDim {
+                        tensor: vi.name.clone(),
+                        axis,
+                        param: String::new(),
+                    });
+                }
+            },
         };
         dims.push(v);
     }
@@ -536,13 +587,13 @@ pub fn analyse(model: &onnx::ModelProto, bindings: &ShapeBindings) -> Result<Gra
 
     let mut parameter_bytes = 0u64;
     let mut parameter_tensors = 0usize;
-    let mut params: HashMap<&str, ()> = HashMap::new();
+    let mut params: HashSet<&str> = HashSet::new();
     for t in &graph.initializer {
         parameter_bytes = parameter_bytes
             .checked_add(initializer_bytes(t)?)
             .ok_or_else(|| GraphError::Overflow { tensor: t.name.clone() })?;
         parameter_tensors += 1;
-        params.insert(t.name.as_str(), ());
+        params.insert(t.name.as_str());
     }
 
     // Sizes of every tensor with declared shape info (value_info, then inputs/outputs, which
@@ -554,7 +605,7 @@ pub fn analyse(model: &onnx::ModelProto, bindings: &ShapeBindings) -> Result<Gra
         .chain(graph.input.iter())
         .chain(graph.output.iter())
     {
-        if params.contains_key(vi.name.as_str()) {
+        if params.contains(vi.name.as_str()) {
             continue;
         }
         if let Some((dims, elem)) = resolve_shape(vi, bindings)? {
@@ -570,7 +621,7 @@ pub fn analyse(model: &onnx::ModelProto, bindings: &ShapeBindings) -> Result<Gra
     let mut producer: HashMap<&str, String> = HashMap::new();
     let mut input_bytes = 0u64;
     for vi in &graph.input {
-        if params.contains_key(vi.name.as_str()) {
+        if params.contains(vi.name.as_str()) {
             continue; // IR < 4 lists initializers among inputs
         }
         birth.insert(vi.name.as_str(), 0);
@@ -582,7 +633,7 @@ pub fn analyse(model: &onnx::ModelProto, bindings: &ShapeBindings) -> Result<Gra
     for (i, node) in graph.node.iter().enumerate() {
         let label = node_label(node, i);
         for input in &node.input {
-            if input.is_empty() || params.contains_key(input.as_str()) {
+            if input.is_empty() || params.contains(input.as_str()) {
                 continue;
             }
             match death.get_mut(input.as_str()) {
@@ -601,7 +652,7 @@ pub fn analyse(model: &onnx::ModelProto, bindings: &ShapeBindings) -> Result<Gra
                 parameter_bytes = parameter_bytes.saturating_add(initializer_bytes(t)?);
                 parameter_tensors += 1;
                 for out in &node.output {
-                    params.insert(out.as_str(), ());
+                    params.insert(out.as_str());
                 }
                 continue;
             }
@@ -764,6 +815,24 @@ mod tests {
         // Dense twin: bigger tile, linear in pixels.
         let big = analyse(&model, &hw(16, 16)).unwrap();
         assert_eq!(big.activation_peak_bytes, 4 * 3072);
+    }
+
+    #[test]
+    fn dense_tile_bindings_and_other_dims() {
+        let mut m = small_model();
+        if let Some(g) = m.graph.as_mut() {
+            // Shape inference left an anonymous symbol on an intermediate tensor.
+            g.value_info[1] = vi("b", vec![dim_p("N"), dim_v(4), dim_p("unk__0"), dim_p("W")]);
+            g.output[0] = vi("y", vec![dim_p("N"), dim_v(4), dim_p("Ho"), dim_p("Wo")]);
+        }
+        let b = ShapeBindings::dense_tile(&m, 6, 6, 1);
+        assert_eq!(b.named.get("H"), Some(&8));
+        assert_eq!(b.named.get("Ho"), Some(&6));
+        assert_eq!(b.other_dims, Some(8));
+        let cost = analyse(&m, &b).unwrap();
+        // x 8x8, a/b/c 4x8x8 (unk__0 -> 8), y 4x6x6: peak at add = 3 * 1024.
+        assert_eq!(cost.activation_peak_bytes, 3072);
+        assert_eq!(cost.output_bytes, 4 * 36 * 4);
     }
 
     #[test]

@@ -50,6 +50,10 @@ fn tiny_dense_model_needs_tile_bindings() {
     ]);
     let g = graph::analyse_file(&path, &b).unwrap();
     assert_eq!(g.activation_peak_bytes, 4 * 18 * 18 * 4 + 2 * 16 * 16 * 4);
+    // The automatic dense bindings find the same names from the model's inputs and outputs.
+    let model = graph::load_model(&path).unwrap();
+    let auto = graph::analyse(&model, &ShapeBindings::dense_tile(&model, tile, tile, halo)).unwrap();
+    assert_eq!(auto.activation_peak_bytes, g.activation_peak_bytes);
 
     // Dense planning on the Orin Nano root: tiles are the unit.
     let system = budget::read_system_budget(&sysroot("orin_nano_8gb"), &budget::BudgetConfig::default()).unwrap();
