@@ -247,7 +247,7 @@ def to_fp16(src, dst):
 def ort_session(path):
     import onnxruntime as ort
     so = ort.SessionOptions()
-    so.intra_op_num_threads = 2
+    so.intra_op_num_threads = 1
     so.inter_op_num_threads = 1
     return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
 

@@ -13,16 +13,16 @@ class HybridSN(nn.Module):
     Conv3d whose kernel spans the whole spectral depth (identical to HybridSN's reshape + Conv2d),
     and a classifier conv covering the remaining 3x3 spatial extent. Patch 11 -> 1x1."""
 
-    def __init__(self, bands=204, k=6, d=30, drop=0.2):
+    def __init__(self, bands=204, k=6, d=20, drop=0.2):
         super().__init__()
         self.proj = nn.Conv3d(1, d, (bands, 1, 1))
         self.c1 = nn.Conv3d(1, 8, (7, 3, 3))
-        self.c2 = nn.Conv3d(8, 16, (5, 3, 3))
-        self.c3 = nn.Conv3d(16, 16, (3, 3, 3))
+        self.c2 = nn.Conv3d(8, 8, (5, 3, 3))
+        self.c3 = nn.Conv3d(8, 16, (3, 3, 3))
         depth = d - 6 - 4 - 2
-        self.c4 = nn.Conv3d(16, 48, (depth, 3, 3))
+        self.c4 = nn.Conv3d(16, 32, (depth, 3, 3))
         self.drop = nn.Dropout(drop)
-        self.cls = nn.Conv3d(48, k, (1, 3, 3))
+        self.cls = nn.Conv3d(32, k, (1, 3, 3))
         self.patch = 11
 
     def forward(self, x):  # N x 1 x C x H x W
