@@ -204,6 +204,16 @@ where
     })
 }
 
+/// Batch sizes for [`calibrate`] that are safe to run on shared memory: from `1, 4, 16, 32`,
+/// those whose prior cost, doubled (the prior misses runtime workspaces), stays within
+/// `budget_bytes`. Fewer than two sizes means calibration cannot run safely: keep the prior.
+pub fn calibration_batches(prior: &CostModel, budget_bytes: u64) -> Vec<u64> {
+    [1u64, 4, 16, 32]
+        .into_iter()
+        .filter(|&b| prior.predict(b).saturating_mul(2) <= budget_bytes)
+        .collect()
+}
+
 /// Rounds up, except that a value within floating-point noise of an integer is that integer.
 fn ceil_bytes(x: f64) -> u64 {
     let r = x.round();
@@ -382,6 +392,14 @@ mod tests {
         })
         .unwrap_err();
         assert!(matches!(err, BudgetError::Measure { batch: 2, .. }));
+    }
+
+    #[test]
+    fn calibration_sizes_stay_far_from_the_wall() {
+        let prior = CostModel::new(Unit::Sample, 100, 10);
+        assert_eq!(calibration_batches(&prior, 10_000), vec![1, 4, 16, 32]);
+        assert_eq!(calibration_batches(&prior, 2 * 260), vec![1, 4, 16]);
+        assert_eq!(calibration_batches(&prior, 2 * 110), vec![1]);
     }
 
     #[test]

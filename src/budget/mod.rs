@@ -29,7 +29,8 @@
 //! let system = budget::read_system_budget(root, &cfg)?;
 //! let g = graph::analyse_file(Path::new("models/hybridsn/patch.onnx"), &ShapeBindings::default())?;
 //! let prior = CostModel::from_graph(&g, Unit::Sample, budget::DEFAULT_RUNTIME_OVERHEAD_BYTES);
-//! // Optionally: let cal = budget::calibrate(&[1, 8, 32], |b| run_and_measure(b))?; use cal.model.
+//! // Then, with the session loaded: let sizes = budget::calibration_batches(&prior, system.budget_bytes);
+//! // let cal = budget::calibrate(Unit::Sample, &sizes, |b| run_and_measure(b))?; use cal.model.
 //! let choose = ChooseConfig::default();
 //! let plan = budget::Plan::build(&system, &prior, Some(&g), &choose)?;
 //! println!("{plan}");
@@ -65,14 +66,14 @@ pub mod system;
 
 pub use choose::{Choice, ChooseConfig, Limit, WallSearch, find_wall, safe_units};
 pub use cost::{
-    Calibration, CostModel, CostSource, DEFAULT_RUNTIME_OVERHEAD_BYTES, PeakMeter, Unit, calibrate, fit_linear,
-    read_process_hwm, read_process_rss, reset_cgroup_peak, reset_process_hwm,
+    Calibration, CostModel, CostSource, DEFAULT_RUNTIME_OVERHEAD_BYTES, PeakMeter, PeakReading, Unit, calibrate,
+    calibration_batches, fit_linear, read_process_hwm, read_process_rss, reset_cgroup_peak, reset_process_hwm,
 };
 pub use governor::{Adjustment, Cause, Governor, GovernorConfig};
-pub use plan::{Optimizer, Plan, SourceReport, TrainingPlan, class_coverage};
+pub use plan::{ClassCoverageWarning, Optimizer, Plan, SourceReport, TrainingPlan, class_coverage};
 pub use system::{
-    BudgetConfig, BudgetSource, CgroupMemory, CgroupVersion, DeviceMemory, GpuKind, JetsonInfo, MemInfo, Psi,
-    SourceKind, SystemBudget, detect_jetson, find_cgroup, read_meminfo, read_psi, read_system_budget,
+    BudgetConfig, BudgetSource, CgroupMemory, CgroupVersion, DEFAULT_RESERVE_BYTES, DeviceMemory, GpuKind, JetsonInfo,
+    MemInfo, Psi, SourceKind, SystemBudget, detect_jetson, find_cgroup, read_meminfo, read_psi, read_system_budget,
     tegra_allocatable,
 };
 
