@@ -5,6 +5,7 @@
 pub mod budget;
 pub mod config;
 pub mod cube;
+pub mod doctor;
 pub mod engine;
 pub mod ffi;
 pub mod graph;
