@@ -237,6 +237,9 @@ pub struct EngineOptions {
     pub threads: usize,
     /// Execution provider.
     pub provider: Provider,
+    /// Let idle intra-op threads spin. Off by default: the tiling thread shares the cores, and a
+    /// spinning pool starves it on small devices.
+    pub spin: bool,
 }
 
 impl Default for EngineOptions {
@@ -245,6 +248,7 @@ impl Default for EngineOptions {
             ort_lib: None,
             threads: 0,
             provider: Provider::Cpu,
+            spin: false,
         }
     }
 }
@@ -257,18 +261,26 @@ pub struct Runtime {
     options: EngineOptions,
 }
 
-static LOADED: OnceLock<LibLocation> = OnceLock::new();
+/// The process's one ONNX Runtime environment and the library it came from.
+static LOADED: OnceLock<(LibLocation, ort::environment::Environment)> = OnceLock::new();
+static LOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Runtime {
     /// Finds and loads ONNX Runtime. A process loads one library; asking for another is an error.
     pub fn new(options: EngineOptions) -> Result<Self, EngineError> {
         let location = find_library(options.ort_lib.as_deref())?;
-        if let Some(loaded) = LOADED.get()
-            && loaded.path != location.path
-        {
-            return Err(EngineError::AlreadyLoaded {
-                loaded: loaded.path.clone(),
-                requested: location.path,
+        let _guard = LOADING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((loaded, env)) = LOADED.get() {
+            if loaded.path != location.path {
+                return Err(EngineError::AlreadyLoaded {
+                    loaded: loaded.path.clone(),
+                    requested: location.path,
+                });
+            }
+            return Ok(Self {
+                env: env.clone(),
+                location,
+                options,
             });
         }
         let load_err = |message: String| EngineError::Load {
@@ -276,12 +288,13 @@ impl Runtime {
             message,
         };
         let builder = ort::init_from(&location.path).map_err(|e| load_err(e.to_string()))?;
-        let env = builder
-            .with_name("hsiedge")
-            .build()
-            .map_err(|e| load_err(e.to_string()))?;
-        let _ = LOADED.set(location.clone());
-        Ok(Self { env, location, options })
+        let env = builder.with_name("hsiedge").build().map_err(|e| load_err(e.to_string()))?;
+        let _ = LOADED.set((location.clone(), env.clone()));
+        Ok(Self {
+            env,
+            location,
+            options,
+        })
     }
 
     /// Where the library came from.
@@ -309,6 +322,7 @@ impl Runtime {
         b = b
             .with_optimization_level(GraphOptimizationLevel::Level3)
             .map_err(|e| g(e.to_string()))?;
+        b = b.with_intra_op_spinning(self.options.spin).map_err(|e| g(e.to_string()))?;
         if self.options.threads > 0 {
             b = b
                 .with_intra_threads(self.options.threads)

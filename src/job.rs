@@ -13,7 +13,7 @@ use crate::pipeline::{self, Maps, Mode, PipelineError, RunOptions, RunStats};
 /// Default patches per batch when `--batch auto` has no memory budget to go by.
 pub const DEFAULT_PATCH_BATCH: usize = 256;
 /// Default tiles per batch in dense mode.
-pub const DEFAULT_DENSE_BATCH: usize = 4;
+pub const DEFAULT_DENSE_BATCH: usize = 1;
 /// Default tile side.
 pub const DEFAULT_TILE: usize = 64;
 

@@ -2,6 +2,7 @@
 //!
 //! The pipeline runs sensor cube -> tiles -> engine -> stitched maps -> sinks; see `ARCHITECTURE.md`.
 
+pub mod bench;
 pub mod budget;
 pub mod config;
 pub mod cube;

@@ -28,6 +28,9 @@ struct EngineArgs {
     /// Intra-op threads (0: one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
+    /// Let idle ONNX Runtime threads spin-wait (faster alone, slower beside the tiling thread).
+    #[arg(long)]
+    spin: bool,
 }
 
 impl EngineArgs {
@@ -36,6 +39,7 @@ impl EngineArgs {
             ort_lib: self.ort_lib.clone(),
             threads: self.threads,
             provider: Provider::Cpu,
+            spin: self.spin,
         }
     }
 }
@@ -99,8 +103,51 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Benchmarks (medians, with ratios against baselines measured in the same run).
+    Bench {
+        #[command(subcommand)]
+        what: BenchCommand,
+    },
     /// List the environment variables hsiedge reads.
     Env,
+}
+
+#[derive(Subcommand)]
+enum BenchCommand {
+    /// Patch vs dense mode end to end, against pure inference and a Python onnxruntime loop.
+    Classify {
+        /// The scene's ENVI header.
+        scene: PathBuf,
+        /// Model manifest.
+        #[arg(long)]
+        model: PathBuf,
+        /// Patches per batch in patch mode.
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_PATCH_BATCH)]
+        batch: usize,
+        /// Tiles per batch in dense mode.
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_DENSE_BATCH)]
+        dense_batch: usize,
+        /// Tile side.
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_TILE)]
+        tile: usize,
+        /// Repetitions per measurement.
+        #[arg(long, default_value_t = 5)]
+        repeat: usize,
+        /// Python interpreter for the onnxruntime baseline loop.
+        #[arg(long, default_value = "python3")]
+        python: String,
+        /// Skip the Python baseline.
+        #[arg(long)]
+        no_python: bool,
+        /// The baseline script.
+        #[arg(long, default_value = "benches/ort_patch_loop.py")]
+        script: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -158,6 +205,48 @@ fn run(cli: Cli) -> Result<()> {
             };
             let s = hsiedge::simulate::simulate(&manifest, &opts, &out)?;
             println!("SYNTHETIC scene {} (labels {})", s.scene.display(), s.labels.display());
+            Ok(())
+        }
+        Command::Bench {
+            what:
+                BenchCommand::Classify {
+                    scene,
+                    model,
+                    batch,
+                    dense_batch,
+                    tile,
+                    repeat,
+                    python,
+                    no_python,
+                    script,
+                    json,
+                    engine,
+                },
+        } => {
+            let opts = hsiedge::bench::ClassifyBenchOptions {
+                spec: JobSpec {
+                    scene,
+                    manifest: model,
+                    out: PathBuf::new(),
+                    mode: hsiedge::job::ModeChoice::Auto,
+                    batch: hsiedge::job::BatchChoice::Auto,
+                    tile,
+                    engine: engine.options(),
+                    labels: None,
+                    keep_scores: false,
+                },
+                patch_batch: batch,
+                dense_batch,
+                repeat: repeat.max(1),
+                python: (!no_python).then_some(python),
+                script,
+            };
+            let r = hsiedge::bench::classify(&opts)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r).context("serialising the report")?);
+            } else {
+                println!("{r}");
+            }
             Ok(())
         }
         Command::Env => {

@@ -64,13 +64,23 @@ impl Staged {
             .tempfile_in(&self.dir)
             .map_err(io)?;
         tmp.write_all(bytes).map_err(io)?;
-        tmp.as_file().sync_all().map_err(io)?;
         self.files.push((tmp, path.clone()));
         Ok(path)
     }
 
-    /// Renames every staged file into place, in staging order, then syncs the folder.
+    /// Syncs every staged file to disk (concurrently: the cost is one sync's latency, not the sum),
+    /// renames each into place in staging order, then syncs the folder.
     pub fn commit(self) -> Result<(), MapError> {
+        std::thread::scope(|scope| {
+            let syncs: Vec<_> = self
+                .files
+                .iter()
+                .map(|(tmp, path)| scope.spawn(move || tmp.as_file().sync_all().map_err(|source| (path.clone(), source))))
+                .collect();
+            syncs.into_iter().try_for_each(|h| {
+                h.join().unwrap_or_else(|_| Ok(())).map_err(|(path, source)| MapError::Io { path, source })
+            })
+        })?;
         for (tmp, path) in self.files {
             tmp.persist(&path).map_err(|e| MapError::Io {
                 path: path.clone(),
