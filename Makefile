@@ -37,7 +37,7 @@ lint:
 	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
 
 test: ort lint
-	cargo test --release
+	cargo test
 
 bench: build
 	target/release/hsiedge bench classify $(DATA)/salinas_a/salinas_a.hdr --model $(MODEL)

@@ -1,0 +1,111 @@
+//! End-to-end on the real Salinas-A scene with every shipped classifier: dense and patch modes agree,
+//! and `hsiedge classify` reproduces the Python evaluation recorded in each model's `metrics.json`.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+const CLASSIFIERS: &[&str] = &["hybridsn_salinas_a", "cnn3d_salinas_a", "spectral1d_salinas_a"];
+
+fn classify(scene: &Path, model: &Path, out: &Path, mode: &str) -> serde_json::Value {
+    summary(&ok(&[
+        "classify",
+        scene.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--mode",
+        mode,
+        "--keep-scores",
+        "--threads",
+        "2",
+        "--json",
+    ]))
+}
+
+/// Test-mask rule from metrics.json: labelled pixels with `a*row + b*col >= test_min`.
+fn test_mask(metrics: &serde_json::Value, labels: &[u8], samples: usize) -> Vec<bool> {
+    let m = &metrics["ort_full_scene"]["test_mask"];
+    assert_eq!(m["kind"], "linear", "unknown mask kind {m}");
+    let (a, b, min) = (m["a"].as_i64().unwrap(), m["b"].as_i64().unwrap(), m["test_min"].as_i64().unwrap());
+    labels
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            let (row, col) = ((i / samples) as i64, (i % samples) as i64);
+            l > 0 && a * row + b * col >= min
+        })
+        .collect()
+}
+
+fn oa(pred: &[u8], labels: &[u8], mask: &[bool]) -> (f64, usize) {
+    let n = mask.iter().filter(|m| **m).count();
+    let ok = pred.iter().zip(labels).zip(mask).filter(|((p, l), m)| **m && p == l).count();
+    (ok as f64 / n as f64, n)
+}
+
+#[test]
+fn every_classifier_reproduces_its_published_accuracy_in_both_modes() {
+    let Some(data) = data() else { return };
+    let scene = data.join("salinas_a/salinas_a.hdr");
+    let labels = std::fs::read(data.join("salinas_a/salinas_a_gt.img")).unwrap();
+    let mut tested = 0;
+    for name in CLASSIFIERS {
+        let Some(model) = model(name) else { continue };
+        let metrics: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(model.with_file_name("metrics.json")).unwrap()).unwrap();
+        let manifest: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&model).unwrap()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let patch = dir.path().join("patch");
+        let s = classify(&scene, &model, &patch, "patch");
+        assert_eq!(s["pixels"], 83 * 86);
+        let pred = std::fs::read(patch.join("class_map.img")).unwrap();
+        let mask = test_mask(&metrics, &labels, 86);
+        let (got, n) = oa(&pred, &labels, &mask);
+        let want = metrics["ort_full_scene"]["oa_test"].as_f64().unwrap();
+        assert_eq!(n as u64, metrics["ort_full_scene"]["n_test"].as_u64().unwrap(), "{name}: test mask size");
+        assert!((got - want).abs() <= 0.001, "{name}: OA {got} on {n} test pixels, Python evaluation {want}");
+        let all = vec![true; labels.len()];
+        let labelled: Vec<bool> = labels.iter().zip(&all).map(|(l, _)| *l > 0).collect();
+        let (got_all, _) = oa(&pred, &labels, &labelled);
+        let want_all = metrics["ort_full_scene"]["oa_all_labelled"].as_f64().unwrap();
+        assert!((got_all - want_all).abs() <= 0.001, "{name}: OA over all labelled {got_all} vs {want_all}");
+        if manifest["files"]["dense"].is_string() {
+            let dense = dir.path().join("dense");
+            let sd = classify(&scene, &model, &dense, "dense");
+            assert_eq!(sd["mode"], "dense");
+            let dpred = std::fs::read(dense.join("class_map.img")).unwrap();
+            let same = pred.iter().zip(&dpred).filter(|(a, b)| a == b).count();
+            assert!(same as f64 >= 0.999 * pred.len() as f64, "{name}: dense and patch agree on {same} of {}", pred.len());
+            let (a, b) = (read_f32(&patch.join("scores.img")), read_f32(&dense.join("scores.img")));
+            let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+            assert!(max <= 1e-4, "{name}: max logit difference {max}");
+            eprintln!("{name}: OA {got:.4} (python {want:.4}), dense/patch agreement {same}/{}, max logit diff {max:.2e}", pred.len());
+        }
+        tested += 1;
+    }
+    assert!(tested > 0 || std::env::var("CI").is_err(), "CI must test at least one shipped classifier");
+}
+
+#[test]
+fn labels_flag_reports_accuracy_against_the_ground_truth() {
+    let Some(data) = data() else { return };
+    let Some(model) = model("hybridsn_salinas_a") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let s = summary(&ok(&[
+        "classify",
+        data.join("salinas_a/salinas_a.hdr").to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        dir.path().join("o").to_str().unwrap(),
+        "--labels",
+        data.join("salinas_a/salinas_a_gt.hdr").to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(s["accuracy"]["labelled_pixels"], 5348);
+    assert!(s["accuracy"]["overall_accuracy"].as_f64().unwrap() > 0.95, "{s}");
+}
