@@ -437,6 +437,16 @@ pub fn run(opts: &DoctorOptions) -> Report {
 
 const ORT_STEM: &str = "libonnxruntime.so";
 
+/// The oldest ONNX Runtime the `ort` crate accepts: it is built with `api-18` and asks the library
+/// for C API version 18, which ONNX Runtime 1.18 introduced; older libraries refuse it at load.
+pub const MIN_ORT_VERSION: (u32, u32) = (1, 18);
+
+/// `1.20.1` -> `(1, 20)`.
+fn major_minor(version: &str) -> Option<(u32, u32)> {
+    let mut it = version.split('.');
+    Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+}
+
 /// Provider libraries ONNX Runtime loads at session creation, and the provider each enables.
 const PROVIDER_LIBS: &[(&str, &str)] = &[
     ("libonnxruntime_providers_cuda.so", "CUDAExecutionProvider"),
@@ -499,6 +509,15 @@ fn check_ort(opts: &DoctorOptions, checks: &mut Vec<Check>) -> Option<OrtFound> 
     };
     let mut details = vec![format!("providers: {}", found.providers.join(", "))];
     let mut status = Status::Ok;
+    if let Some((major, minor)) = found.version.as_deref().and_then(major_minor)
+        && (major, minor) < MIN_ORT_VERSION
+    {
+        status = Status::Fail;
+        details.push(format!(
+            "hsiedge needs ONNX Runtime >= {}.{} (C API 18); this one is {major}.{minor}",
+            MIN_ORT_VERSION.0, MIN_ORT_VERSION.1
+        ));
+    }
     if opts.load {
         let options = engine::EngineOptions {
             ort_lib: Some(here.clone()),
@@ -598,7 +617,12 @@ fn locate_ort(opts: &DoctorOptions) -> Result<Located, Check> {
         if let Some(p) = lib_in(&opts.at(&capi)).and_then(|p| p.file_name().map(|n| capi.join(n))) {
             return Ok((Some((p, LibSource::Python, Some(pkg))), tried));
         }
-        tried.push(capi);
+        if opts.at(&capi).is_dir() {
+            // Wheels before 1.19 link ONNX Runtime into the Python module and ship no libonnxruntime.so.
+            tried.push(capi.join("(a Python onnxruntime package without libonnxruntime.so: wheels before 1.19)"));
+        } else {
+            tried.push(capi);
+        }
     }
     Ok((None, tried))
 }
@@ -1280,6 +1304,14 @@ mod tests {
             Some("1.20.1")
         );
         assert_eq!(version_from_build_info("no branch"), None);
+    }
+
+    #[test]
+    fn version_floor() {
+        assert_eq!(major_minor("1.20.1"), Some((1, 20)));
+        assert!(major_minor("1.16.3").is_some_and(|v| v < MIN_ORT_VERSION));
+        assert!(major_minor("1.18.0").is_some_and(|v| v >= MIN_ORT_VERSION));
+        assert_eq!(major_minor("x"), None);
     }
 
     #[test]

@@ -86,7 +86,7 @@ fn xavier_jetpack5_cpu_only() {
     assert!(cpu.ready(), "{cpu}");
     let ort = cpu.ort.as_ref().expect("ort");
     assert_eq!(ort.source, LibSource::System);
-    assert_eq!(ort.path, Path::new("/usr/lib/hsiedge/libonnxruntime.so.1.16.3"));
+    assert_eq!(ort.path, Path::new("/usr/lib/hsiedge/libonnxruntime.so.1.18.0"));
     assert_eq!(ort.providers, ["CPUExecutionProvider"]);
     assert_eq!(cpu.jetpack.as_deref(), Some("5.1.2"), "mapped from L4T R35.4.1");
     assert_eq!(status(&cpu, "power"), Status::Warn, "one rail has no readings\n{cpu}");
@@ -112,6 +112,10 @@ fn host_without_ort_is_not_ready() {
     let c = r.check("onnxruntime").expect("check");
     assert_eq!(c.status, Status::Fail);
     assert!(c.details.iter().any(|d| d.contains("/usr/lib/hsiedge")), "{c:?}");
+    assert!(
+        c.details.iter().any(|d| d.contains("without libonnxruntime.so")),
+        "{c:?}"
+    );
     assert_eq!(status(&r, "jetson"), Status::Info);
     assert_eq!(status(&r, "power"), Status::Info);
     assert_eq!(status(&r, "nvpmodel"), Status::Info);
@@ -133,7 +137,7 @@ fn named_library_that_is_missing_fails_without_fallback() {
     assert_eq!(c.status, Status::Fail);
     assert!(c.summary.contains("ORT_DYLIB_PATH"), "{}", c.summary);
     let r = run(&DoctorOptions {
-        ort_lib: Some(PathBuf::from("/usr/lib/hsiedge/libonnxruntime.so.1.16.3")),
+        ort_lib: Some(PathBuf::from("/usr/lib/hsiedge/libonnxruntime.so.1.18.0")),
         ort_env: Some(PathBuf::from("/opt/nowhere/libonnxruntime.so")),
         ..DoctorOptions::for_root(fixture("xavier_nx_jp5"))
     });
@@ -142,6 +146,17 @@ fn named_library_that_is_missing_fails_without_fallback() {
         Some(LibSource::Flag),
         "--ort-lib wins over the env"
     );
+}
+
+#[test]
+fn onnxruntime_older_than_1_18_fails() {
+    let r = run(&DoctorOptions {
+        ort_lib: Some(PathBuf::from("/opt/ort-1.16.3/lib/libonnxruntime.so.1.16.3")),
+        ..DoctorOptions::for_root(fixture("xavier_nx_jp5"))
+    });
+    let c = r.check("onnxruntime").expect("check");
+    assert_eq!(c.status, Status::Fail, "{r}");
+    assert!(c.details.iter().any(|d| d.contains(">= 1.18")), "{c:?}");
 }
 
 /// The binary; `HSIEDGE_TEST_RUNNER` (e.g. `qemu-aarch64 -L /usr/aarch64-linux-gnu`, set by `cross/run test`)
