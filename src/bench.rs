@@ -178,7 +178,13 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
     Ok((result, pixels, job))
 }
 
-fn python_baseline(python: &str, script: &Path, job: &Job, batch: usize, repeat: usize) -> Result<PythonBaseline, BenchError> {
+fn python_baseline(
+    python: &str,
+    script: &Path,
+    job: &Job,
+    batch: usize,
+    repeat: usize,
+) -> Result<PythonBaseline, BenchError> {
     let args: Vec<String> = vec![
         script.display().to_string(),
         "--manifest".into(),
@@ -199,7 +205,10 @@ fn python_baseline(python: &str, script: &Path, job: &Job, batch: usize, repeat:
         command: command.clone(),
         message,
     };
-    let out = std::process::Command::new(python).args(&args).output().map_err(|e| err(e.to_string()))?;
+    let out = std::process::Command::new(python)
+        .args(&args)
+        .output()
+        .map_err(|e| err(e.to_string()))?;
     if !out.status.success() {
         return Err(err(String::from_utf8_lossy(&out.stderr).into_owned()));
     }
@@ -238,8 +247,20 @@ pub fn classify(opts: &ClassifyBenchOptions) -> Result<ClassifyBench, BenchError
 
 impl std::fmt::Display for ClassifyBench {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "scene {} ({} pixels), model {}, {} repeats, threads {}", self.scene.display(), self.pixels, self.model, self.repeat, self.threads)?;
-        writeln!(f, "{:<7} {:>6} {:>9} {:>12} {:>12} {:>12}", "mode", "batch", "tile", "e2e s", "infer s", "px/s")?;
+        writeln!(
+            f,
+            "scene {} ({} pixels), model {}, {} repeats, threads {}",
+            self.scene.display(),
+            self.pixels,
+            self.model,
+            self.repeat,
+            self.threads
+        )?;
+        writeln!(
+            f,
+            "{:<7} {:>6} {:>9} {:>12} {:>12} {:>12}",
+            "mode", "batch", "tile", "e2e s", "infer s", "px/s"
+        )?;
         for m in std::iter::once(&self.patch).chain(self.dense.as_ref()) {
             writeln!(
                 f,
@@ -253,12 +274,20 @@ impl std::fmt::Display for ClassifyBench {
             )?;
         }
         if let Some(p) = &self.python {
-            writeln!(f, "python onnxruntime {} patch loop: run {:.4} s, with window copy {:.4} s", p.onnxruntime, p.run_loop_s, p.with_gather_s)?;
+            writeln!(
+                f,
+                "python onnxruntime {} patch loop: run {:.4} s, with window copy {:.4} s",
+                p.onnxruntime, p.run_loop_s, p.with_gather_s
+            )?;
         }
         if let Some(r) = self.dense_over_patch {
             writeln!(f, "dense / patch throughput:            {r:.1}x")?;
         }
-        writeln!(f, "patch end-to-end / pure inference:   {:.3}", self.patch_e2e_over_inference)?;
+        writeln!(
+            f,
+            "patch end-to-end / pure inference:   {:.3}",
+            self.patch_e2e_over_inference
+        )?;
         if let Some(r) = self.dense_e2e_over_inference {
             writeln!(f, "dense end-to-end / pure inference:   {r:.3}")?;
         }

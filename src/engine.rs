@@ -288,13 +288,12 @@ impl Runtime {
             message,
         };
         let builder = ort::init_from(&location.path).map_err(|e| load_err(e.to_string()))?;
-        let env = builder.with_name("hsiedge").build().map_err(|e| load_err(e.to_string()))?;
+        let env = builder
+            .with_name("hsiedge")
+            .build()
+            .map_err(|e| load_err(e.to_string()))?;
         let _ = LOADED.set((location.clone(), env.clone()));
-        Ok(Self {
-            env,
-            location,
-            options,
-        })
+        Ok(Self { env, location, options })
     }
 
     /// Where the library came from.
@@ -322,7 +321,9 @@ impl Runtime {
         b = b
             .with_optimization_level(GraphOptimizationLevel::Level3)
             .map_err(|e| g(e.to_string()))?;
-        b = b.with_intra_op_spinning(self.options.spin).map_err(|e| g(e.to_string()))?;
+        b = b
+            .with_intra_op_spinning(self.options.spin)
+            .map_err(|e| g(e.to_string()))?;
         if self.options.threads > 0 {
             b = b
                 .with_intra_threads(self.options.threads)

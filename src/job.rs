@@ -1,5 +1,5 @@
 //! One classification (or unmixing) job: settings parsed and validated without I/O
-//! ([`JobSpec::parse`]), resolved into runtime objects ([`Job::resolve`]), run, and written.
+//! ([`JobSpec::validate`]), resolved into runtime objects ([`Job::resolve`]), run, and written.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

@@ -2,6 +2,9 @@
 //!
 //! The pipeline runs sensor cube -> tiles -> engine -> stitched maps -> sinks; see `ARCHITECTURE.md`.
 
+// Errors carry the paths, fields and values they name; they are built once, on the failure path.
+#![allow(clippy::result_large_err)]
+
 pub mod bench;
 pub mod budget;
 pub mod config;

@@ -243,7 +243,10 @@ fn run(cli: Cli) -> Result<()> {
             };
             let r = hsiedge::bench::classify(&opts)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&r).context("serialising the report")?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&r).context("serialising the report")?
+                );
             } else {
                 println!("{r}");
             }

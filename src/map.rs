@@ -75,10 +75,16 @@ impl Staged {
             let syncs: Vec<_> = self
                 .files
                 .iter()
-                .map(|(tmp, path)| scope.spawn(move || tmp.as_file().sync_all().map_err(|source| (path.clone(), source))))
+                .map(|(tmp, path)| {
+                    scope.spawn(move || tmp.as_file().sync_all().map_err(|source| (path.clone(), source)))
+                })
                 .collect();
-            syncs.into_iter().try_for_each(|h| {
-                h.join().unwrap_or_else(|_| Ok(())).map_err(|(path, source)| MapError::Io { path, source })
+            syncs.into_iter().try_for_each(|h| match h.join() {
+                Ok(result) => result.map_err(|(path, source)| MapError::Io { path, source }),
+                Err(_) => Err(MapError::Io {
+                    path: self.dir.clone(),
+                    source: std::io::Error::other("a file sync thread panicked"),
+                }),
             })
         })?;
         for (tmp, path) in self.files {

@@ -289,7 +289,7 @@ impl Manifest {
         if let Some(i) = self.input.std.iter().position(|s| *s <= 0.0) {
             return Err(self.field_err(&format!("input.std[{i}]"), "must be > 0"));
         }
-        if self.patch == 0 || self.patch % 2 == 0 {
+        if self.patch.is_multiple_of(2) {
             return Err(self.field_err("patch", format!("{} is not an odd size", self.patch)));
         }
         if self.halo * 2 + 1 != self.patch {

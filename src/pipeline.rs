@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::cube::Cube;
 use crate::engine::{EngineError, Graph};
 use crate::model::{Layout, Manifest, OutputKind, Task};
-use crate::tile::{TileGrid, TileRect, fill_window, gather_patch};
+use crate::tile::{TileGrid, TileRect, WindowShape, fill_window, gather_patch};
 
 /// Errors from a pipeline run.
 #[derive(Debug, thiserror::Error)]
@@ -166,6 +166,7 @@ pub fn produce(cube: &Cube, manifest: &Manifest, opts: &RunOptions, mut sink: im
     let layout = manifest.input.layout;
     let p = manifest.patch;
     let (wh, ww) = (grid.window_h(), grid.window_w());
+    let shape = WindowShape { bands, h: wh, w: ww };
     let mut cache: std::collections::BTreeMap<usize, Vec<f32>> = std::collections::BTreeMap::new();
     let mut window = vec![0f32; bands * wh * ww];
     let per_patch = bands * p * p;
@@ -230,7 +231,7 @@ pub fn produce(cube: &Cube, manifest: &Manifest, opts: &RunOptions, mut sink: im
                         for j in 0..rect.w {
                             let at = batch.data.len();
                             batch.data.resize(at + per_patch, 0.0);
-                            gather_patch(&window, bands, wh, ww, i, j, p, &mut batch.data[at..]);
+                            gather_patch(&window, shape, i, j, p, &mut batch.data[at..]);
                             batch.pixels.push((rect.y0 + i, rect.x0 + j));
                             if batch.pixels.len() == cap && !sink(finish(&mut batch)) {
                                 return;

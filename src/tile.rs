@@ -147,9 +147,21 @@ pub fn fill_window(lines: &[&[f32]], cols: &[usize], bands: usize, samples: usiz
     }
 }
 
+/// The shape of an input window buffer: `bands x h x w`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowShape {
+    /// Spectral bands.
+    pub bands: usize,
+    /// Rows.
+    pub h: usize,
+    /// Columns.
+    pub w: usize,
+}
+
 /// Copies the `p x p` patch whose top-left corner is window position (`y`, `x`) into `out`
 /// (`bands x p x p`). The patch of output pixel (i, j) of a tile starts at window (i, j).
-pub fn gather_patch(window: &[f32], bands: usize, wh: usize, ww: usize, y: usize, x: usize, p: usize, out: &mut [f32]) {
+pub fn gather_patch(window: &[f32], shape: WindowShape, y: usize, x: usize, p: usize, out: &mut [f32]) {
+    let WindowShape { bands, h: wh, w: ww } = shape;
     debug_assert_eq!(out.len(), bands * p * p);
     for band in 0..bands {
         for i in 0..p {
@@ -221,7 +233,18 @@ mod tests {
                 for i in 0..rect.h {
                     for j in 0..rect.w {
                         let mut patch = vec![0f32; bands * p * p];
-                        gather_patch(&win, bands, g.window_h(), g.window_w(), i, j, p, &mut patch);
+                        gather_patch(
+                            &win,
+                            WindowShape {
+                                bands,
+                                h: g.window_h(),
+                                w: g.window_w(),
+                            },
+                            i,
+                            j,
+                            p,
+                            &mut patch,
+                        );
                         let (y, x) = ((rect.y0 + i) as isize, (rect.x0 + j) as isize);
                         for b in 0..bands {
                             for di in 0..p {

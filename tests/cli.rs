@@ -38,8 +38,18 @@ fn dense_and_patch_modes_agree_on_every_pixel() {
     let scene = tiny_cube(dir.path());
     let patch = dir.path().join("patch");
     let dense = dir.path().join("dense");
-    let sp = classify(&scene, &tiny(), &patch, &["--mode", "patch", "--batch", "7", "--tile", "5", "--keep-scores"]);
-    let sd = classify(&scene, &tiny(), &dense, &["--mode", "dense", "--batch", "2", "--tile", "5", "--keep-scores"]);
+    let sp = classify(
+        &scene,
+        &tiny(),
+        &patch,
+        &["--mode", "patch", "--batch", "7", "--tile", "5", "--keep-scores"],
+    );
+    let sd = classify(
+        &scene,
+        &tiny(),
+        &dense,
+        &["--mode", "dense", "--batch", "2", "--tile", "5", "--keep-scores"],
+    );
     assert_eq!(sp["mode"], "patch");
     assert_eq!(sd["mode"], "dense");
     for s in [&sp, &sd] {
@@ -57,7 +67,10 @@ fn dense_and_patch_modes_agree_on_every_pixel() {
     let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(max <= 1e-4, "max logit difference {max}");
     let conf = read_f32(&patch.join("confidence.img"));
-    assert!(conf.iter().all(|c| (0.5..=1.0).contains(c)), "softmax max of 2 classes lies in [0.5, 1]");
+    assert!(
+        conf.iter().all(|c| (0.5..=1.0).contains(c)),
+        "softmax max of 2 classes lies in [0.5, 1]"
+    );
 }
 
 #[test]
@@ -66,8 +79,12 @@ fn fixture_reproduces_onnxruntime_reference_output() {
     let expected: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(root().join("models/fixtures/tiny/expected.json")).unwrap())
             .unwrap();
-    let want: Vec<f32> =
-        expected["dense_output"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap() as f32).collect();
+    let want: Vec<f32> = expected["dense_output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
     // Input normalised x = arange(4*5*6)/60 - 1 over a 5 x 6 window: raw = x * std + mean, and the
     // window is the halo-padded 3 x 4 tile centre, so write the 3 x 4 interior and let reflection
     // reproduce the border exactly only where it matches; compare the interior pixel that sees no
@@ -109,9 +126,18 @@ fn written_maps_are_valid_envi() {
     assert_eq!(h["class_lookup"][1], serde_json::json!([255, 0, 0]));
     let png = std::fs::read(out.join("quicklook.png")).unwrap();
     assert_eq!(&png[1..4], b"PNG");
-    assert_eq!(std::fs::metadata(out.join("confidence.img")).unwrap().len(), 13 * 17 * 4);
-    let names: Vec<String> = std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
-    assert!(names.iter().all(|n| !n.ends_with(".tmp")), "no temporaries left: {names:?}");
+    assert_eq!(
+        std::fs::metadata(out.join("confidence.img")).unwrap().len(),
+        13 * 17 * 4
+    );
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.ends_with(".tmp")),
+        "no temporaries left: {names:?}"
+    );
 }
 
 #[test]
@@ -121,10 +147,17 @@ fn gdal_and_spectral_python_open_the_maps() {
     let out = dir.path().join("o");
     classify(&scene, &tiny(), &out, &["--keep-scores"]);
     let ci = std::env::var("CI").is_ok();
-    match std::process::Command::new("gdalinfo").arg(out.join("class_map.img")).output() {
+    match std::process::Command::new("gdalinfo")
+        .arg(out.join("class_map.img"))
+        .output()
+    {
         Ok(o) => {
             let text = String::from_utf8_lossy(&o.stdout);
-            assert!(o.status.success(), "gdalinfo failed: {}", String::from_utf8_lossy(&o.stderr));
+            assert!(
+                o.status.success(),
+                "gdalinfo failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
             assert!(text.contains("Size is 17, 13"), "{text}");
             assert!(text.contains("class_b"), "class names reach GDAL: {text}");
         }
@@ -175,7 +208,9 @@ fn bad(scene: &Path, model: &Path, needles: &[&str]) {
 fn malformed_header_names_file_and_field() {
     let dir = tempfile::tempdir().unwrap();
     let scene = tiny_cube(dir.path());
-    let text = std::fs::read_to_string(&scene).unwrap().replace("samples = 17", "samples = seventeen");
+    let text = std::fs::read_to_string(&scene)
+        .unwrap()
+        .replace("samples = 17", "samples = seventeen");
     std::fs::write(&scene, text).unwrap();
     bad(&scene, &tiny(), &["scene.hdr", "samples", "seventeen"]);
 }
@@ -184,7 +219,9 @@ fn malformed_header_names_file_and_field() {
 fn unknown_data_type_is_rejected() {
     let dir = tempfile::tempdir().unwrap();
     let scene = tiny_cube(dir.path());
-    let text = std::fs::read_to_string(&scene).unwrap().replace("data type = 4", "data type = 6");
+    let text = std::fs::read_to_string(&scene)
+        .unwrap()
+        .replace("data type = 4", "data type = 6");
     std::fs::write(&scene, text).unwrap();
     bad(&scene, &tiny(), &["scene.hdr", "data type", "6"]);
 }
@@ -203,14 +240,20 @@ fn truncated_data_file_is_rejected_before_mapping() {
 fn band_count_mismatch_names_both_sides() {
     let dir = tempfile::tempdir().unwrap();
     let scene = write_cube(dir.path(), "five", 4, 4, 5, |_, b, _| b as f32);
-    bad(&scene, &tiny(), &["five.hdr", "5 bands", "input.bands", "manifest.json"]);
+    bad(
+        &scene,
+        &tiny(),
+        &["five.hdr", "5 bands", "input.bands", "manifest.json"],
+    );
 }
 
 #[test]
 fn missing_onnx_file_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let scene = tiny_cube(dir.path());
-    let text = std::fs::read_to_string(tiny()).unwrap().replace("\"patch.onnx\"", "\"gone.onnx\"");
+    let text = std::fs::read_to_string(tiny())
+        .unwrap()
+        .replace("\"patch.onnx\"", "\"gone.onnx\"");
     let m = dir.path().join("manifest.json");
     std::fs::write(&m, text).unwrap();
     bad(&scene, &m, &["files.patch", "gone.onnx"]);
@@ -220,9 +263,10 @@ fn missing_onnx_file_is_named() {
 fn wrong_tensor_rank_names_graph_and_manifest() {
     let dir = tempfile::tempdir().unwrap();
     let m = root().join("models/fixtures/bad_rank/manifest.json");
-    let bands = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&m).unwrap()).unwrap()["input"]["bands"]
-        .as_u64()
-        .unwrap() as usize;
+    let bands =
+        serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&m).unwrap()).unwrap()["input"]["bands"]
+            .as_u64()
+            .unwrap() as usize;
     let scene = write_cube(dir.path(), "scene", 6, 6, bands, |_, b, _| b as f32);
     bad(&scene, &m, &["rank 3", ".onnx", "input.layout"]);
 }
@@ -241,14 +285,21 @@ fn missing_runtime_library_says_what_to_install() {
         "--ort-lib",
         "/nonexistent/libonnxruntime.so",
     ]);
-    assert!(err.contains("--ort-lib") && err.contains("/nonexistent/libonnxruntime.so"), "{err}");
+    assert!(
+        err.contains("--ort-lib") && err.contains("/nonexistent/libonnxruntime.so"),
+        "{err}"
+    );
 }
 
 #[test]
 fn bad_settings_are_rejected() {
     let dir = tempfile::tempdir().unwrap();
     let scene = tiny_cube(dir.path());
-    for (flag, value, needle) in [("--batch", "0", "--batch"), ("--mode", "fast", "--mode"), ("--tile", "0", "--tile")] {
+    for (flag, value, needle) in [
+        ("--batch", "0", "--batch"),
+        ("--mode", "fast", "--mode"),
+        ("--tile", "0", "--tile"),
+    ] {
         let err = fails(&[
             "classify",
             scene.to_str().unwrap(),
@@ -267,7 +318,17 @@ fn bad_settings_are_rejected() {
 fn simulate_writes_a_labelled_synthetic_scene() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("sim");
-    ok(&["simulate", "--model", tiny().to_str().unwrap(), "--out", out.to_str().unwrap(), "--lines", "9", "--samples", "11"]);
+    ok(&[
+        "simulate",
+        "--model",
+        tiny().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--lines",
+        "9",
+        "--samples",
+        "11",
+    ]);
     let h = std::fs::read_to_string(out.join("scene.hdr")).unwrap();
     assert!(h.contains("SYNTHETIC"));
     let labels = std::fs::read(out.join("labels.img")).unwrap();

@@ -21,12 +21,19 @@ fn every_shared_scene_loads() {
         }
     }
     headers.sort();
-    assert!(headers.len() >= 17, "expected the full set of scenes, found {headers:?}");
+    assert!(
+        headers.len() >= 17,
+        "expected the full set of scenes, found {headers:?}"
+    );
     for h in &headers {
         let cube = Cube::open(h).unwrap_or_else(|e| panic!("{e}"));
         let all = cube.read_all();
         assert_eq!(all.len(), cube.lines() * cube.samples() * cube.bands());
-        assert!(all.iter().all(|v| v.is_finite()), "{} has non-finite samples", h.display());
+        assert!(
+            all.iter().all(|v| v.is_finite()),
+            "{} has non-finite samples",
+            h.display()
+        );
         let out = common::ok(&["inspect", h.to_str().unwrap()]);
         assert!(out.contains("\"samples\""), "{out}");
     }
@@ -49,5 +56,8 @@ fn salinas_a_geometry_and_labels() {
     assert_eq!(samson.header().interleave, Interleave::Bip);
     let mut line = vec![0f32; samson.bands() * samson.samples()];
     samson.read_line(10, &mut line);
-    assert!(line.iter().all(|v| (0.0..=1.0).contains(v)), "Samson reflectance lies in [0, 1]");
+    assert!(
+        line.iter().all(|v| (0.0..=1.0).contains(v)),
+        "Samson reflectance lies in [0, 1]"
+    );
 }

@@ -30,7 +30,11 @@ fn classify(scene: &Path, model: &Path, out: &Path, mode: &str) -> serde_json::V
 fn test_mask(metrics: &serde_json::Value, labels: &[u8], samples: usize) -> Vec<bool> {
     let m = &metrics["ort_full_scene"]["test_mask"];
     assert_eq!(m["kind"], "linear", "unknown mask kind {m}");
-    let (a, b, min) = (m["a"].as_i64().unwrap(), m["b"].as_i64().unwrap(), m["test_min"].as_i64().unwrap());
+    let (a, b, min) = (
+        m["a"].as_i64().unwrap(),
+        m["b"].as_i64().unwrap(),
+        m["test_min"].as_i64().unwrap(),
+    );
     labels
         .iter()
         .enumerate()
@@ -43,7 +47,12 @@ fn test_mask(metrics: &serde_json::Value, labels: &[u8], samples: usize) -> Vec<
 
 fn oa(pred: &[u8], labels: &[u8], mask: &[bool]) -> (f64, usize) {
     let n = mask.iter().filter(|m| **m).count();
-    let ok = pred.iter().zip(labels).zip(mask).filter(|((p, l), m)| **m && p == l).count();
+    let ok = pred
+        .iter()
+        .zip(labels)
+        .zip(mask)
+        .filter(|((p, l), m)| **m && p == l)
+        .count();
     (ok as f64 / n as f64, n)
 }
 
@@ -66,34 +75,56 @@ fn every_classifier_reproduces_its_published_accuracy_in_both_modes() {
         let mask = test_mask(&metrics, &labels, 86);
         let (got, n) = oa(&pred, &labels, &mask);
         let want = metrics["ort_full_scene"]["oa_test"].as_f64().unwrap();
-        assert_eq!(n as u64, metrics["ort_full_scene"]["n_test"].as_u64().unwrap(), "{name}: test mask size");
-        assert!((got - want).abs() <= 0.001, "{name}: OA {got} on {n} test pixels, Python evaluation {want}");
+        assert_eq!(
+            n as u64,
+            metrics["ort_full_scene"]["n_test"].as_u64().unwrap(),
+            "{name}: test mask size"
+        );
+        assert!(
+            (got - want).abs() <= 0.001,
+            "{name}: OA {got} on {n} test pixels, Python evaluation {want}"
+        );
         let all = vec![true; labels.len()];
         let labelled: Vec<bool> = labels.iter().zip(&all).map(|(l, _)| *l > 0).collect();
         let (got_all, _) = oa(&pred, &labels, &labelled);
         let want_all = metrics["ort_full_scene"]["oa_all_labelled"].as_f64().unwrap();
-        assert!((got_all - want_all).abs() <= 0.001, "{name}: OA over all labelled {got_all} vs {want_all}");
+        assert!(
+            (got_all - want_all).abs() <= 0.001,
+            "{name}: OA over all labelled {got_all} vs {want_all}"
+        );
         if manifest["files"]["dense"].is_string() {
             let dense = dir.path().join("dense");
             let sd = classify(&scene, &model, &dense, "dense");
             assert_eq!(sd["mode"], "dense");
             let dpred = std::fs::read(dense.join("class_map.img")).unwrap();
             let same = pred.iter().zip(&dpred).filter(|(a, b)| a == b).count();
-            assert!(same as f64 >= 0.999 * pred.len() as f64, "{name}: dense and patch agree on {same} of {}", pred.len());
+            assert!(
+                same as f64 >= 0.999 * pred.len() as f64,
+                "{name}: dense and patch agree on {same} of {}",
+                pred.len()
+            );
             let (a, b) = (read_f32(&patch.join("scores.img")), read_f32(&dense.join("scores.img")));
             let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
             assert!(max <= 1e-4, "{name}: max logit difference {max}");
-            eprintln!("{name}: OA {got:.4} (python {want:.4}), dense/patch agreement {same}/{}, max logit diff {max:.2e}", pred.len());
+            eprintln!(
+                "{name}: OA {got:.4} (python {want:.4}), dense/patch agreement {same}/{}, max logit diff {max:.2e}",
+                pred.len()
+            );
         }
         tested += 1;
     }
-    assert!(tested > 0 || std::env::var("CI").is_err(), "CI must test at least one shipped classifier");
+    assert!(
+        tested > 0 || std::env::var("CI").is_err(),
+        "CI must test at least one shipped classifier"
+    );
 }
 
 #[test]
 fn labels_flag_reports_accuracy_against_the_ground_truth() {
     let Some(data) = data() else { return };
-    let Some(model) = model("hybridsn_salinas_a") else { return };
+    let Some(model) = model("hybridsn_salinas_a") else {
+        return;
+    };
     let dir = tempfile::tempdir().unwrap();
     let s = summary(&ok(&[
         "classify",

@@ -13,7 +13,10 @@ pub fn root() -> PathBuf {
 /// prefixes it when the tests run a cross-compiled binary under emulation.
 pub fn hsiedge() -> Command {
     let bin = env!("CARGO_BIN_EXE_hsiedge");
-    match std::env::var("HSIEDGE_TEST_RUNNER").ok().filter(|s| !s.trim().is_empty()) {
+    match std::env::var("HSIEDGE_TEST_RUNNER")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    {
         Some(runner) => {
             let mut parts = runner.split_whitespace();
             let mut c = Command::new(parts.next().unwrap_or("env"));
@@ -46,7 +49,12 @@ pub fn fails(args: &[&str]) -> String {
     let out = run(args);
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "hsiedge {args:?} should fail");
-    assert_eq!(out.status.code(), Some(1), "clean error exit expected, got {}: {err}", out.status);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "clean error exit expected, got {}: {err}",
+        out.status
+    );
     assert!(!err.contains("panicked"), "panic: {err}");
     err
 }
@@ -54,11 +62,17 @@ pub fn fails(args: &[&str]) -> String {
 /// The shared benchmark data, or `None` (with the reason printed) when it is absent outside CI.
 /// In CI the data must be there: its absence fails the test.
 pub fn data() -> Option<PathBuf> {
-    let dir = std::env::var("HSIEDGE_DATA").map(PathBuf::from).unwrap_or_else(|_| root().join("../shared/data"));
+    let dir = std::env::var("HSIEDGE_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| root().join("../shared/data"));
     if dir.join("salinas_a/salinas_a.hdr").is_file() {
         return Some(dir);
     }
-    assert!(std::env::var("CI").is_err(), "CI must have the shared data at {}", dir.display());
+    assert!(
+        std::env::var("CI").is_err(),
+        "CI must have the shared data at {}",
+        dir.display()
+    );
     eprintln!("skipped: no shared data at {}", dir.display());
     None
 }
@@ -75,7 +89,14 @@ pub fn model(name: &str) -> Option<PathBuf> {
 }
 
 /// Writes a little-endian float32 BIL cube whose value at (line, band, sample) is `f(line, band, sample)`.
-pub fn write_cube(dir: &Path, name: &str, lines: usize, samples: usize, bands: usize, f: impl Fn(usize, usize, usize) -> f32) -> PathBuf {
+pub fn write_cube(
+    dir: &Path,
+    name: &str,
+    lines: usize,
+    samples: usize,
+    bands: usize,
+    f: impl Fn(usize, usize, usize) -> f32,
+) -> PathBuf {
     let mut bytes = Vec::with_capacity(lines * samples * bands * 4);
     for l in 0..lines {
         for b in 0..bands {
