@@ -149,7 +149,7 @@ def main():
              "model's `metrics.json`; metrics are quoted from `metrics.json` only. Contract: `MANIFEST.md`.\n")
     L.append("Setup: `pip install -r models/requirements.txt`; data is read in place from `../shared/data` "
              "(ENVI, numpy reader in `common.py`). Training: `nice -n 10 python3 models/train.py --model NAME` "
-             "(2 CPU threads, seed 0; trains the random-split and the spatially-disjoint-split models, ships the "
+             "(1 torch thread on the shared 2 cores, seed 0, bit-reproducible ONNX; trains the random-split and the spatially-disjoint-split models, ships the "
              "latter, exports patch/dense fp32+fp16 ONNX, runs the onnxruntime checks, writes manifest + metrics). "
              "Batch size: `python3 models/gsnr_probe.py --model NAME` (also run inside train.py; result in "
              "`gsnr.json`). Fixtures for the Rust tests: `python3 models/fixtures/make_fixtures.py`.\n")
