@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Installs the arm64 .deb into a Debian bookworm arm64 root and runs hsiedge there, all emulated:
+#   debootstrap --foreign --arch=arm64   (first stage, on the host)
+#   proot -q qemu-aarch64 ... --second-stage  (binfmt_misc is not mounted, so chroot cannot run arm64 code)
+#   proot ... dpkg -i hsiedge_*_arm64.deb; hsiedge --version; hsiedge doctor (without, then with ORT)
+# Usage: cross/deb-install-test.sh PATH/TO/hsiedge_VERSION_arm64.deb   (via `cross/run deb-install-test`)
+# The root is kept in target/deb-install/rootfs (second run: only the install steps); DEB_ROOT_FRESH=1 rebuilds it.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEB=${1:-}
+[ -n "$DEB" ] && [ -f "$DEB" ] || { echo "usage: $0 hsiedge_*_arm64.deb (run cross/run deb first)" >&2; exit 2; }
+WORK=$ROOT/target/deb-install
+RFS=$WORK/rootfs
+LOG=$WORK/log
+mkdir -p "$WORK"
+: > "$LOG"
+MIRROR=$(awk '/^URIs:/ && $2 ~ /debian\/?$/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+MIRROR=${MIRROR:-http://deb.debian.org/debian}
+step() { printf '[deb-install-test] %s\n' "$*" | tee -a "$LOG" >&2; }
+t() { local s; s=$(date +%s); "$@"; step "  ($(( $(date +%s) - s )) s)"; }
+
+# proot: -0 fakes uid 0, -q runs guest code through qemu-aarch64; /proc, /sys, /dev from the host.
+in_root() {
+    proot -0 -q qemu-aarch64 -r "$RFS" -b /proc -b /sys -b /dev -w / \
+        /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 DEBIAN_FRONTEND=noninteractive "$@"
+}
+
+if [ "${DEB_ROOT_FRESH:-}" = 1 ]; then rm -rf "$RFS"; fi
+if [ ! -e "$RFS/.stage1-done" ]; then
+    rm -rf "$RFS"
+    step "debootstrap --foreign --arch=arm64 bookworm from $MIRROR"
+    t nice -n 10 debootstrap --foreign --arch=arm64 --variant=minbase --include=adduser bookworm "$RFS" "$MIRROR" >>"$LOG" 2>&1
+    touch "$RFS/.stage1-done"
+fi
+if [ ! -e "$RFS/.stage2-done" ]; then
+    step "second stage under proot + qemu-aarch64"
+    t nice -n 10 proot -0 -q qemu-aarch64 -r "$RFS" -b /proc -b /sys -b /dev -w / \
+        /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root /debootstrap/debootstrap --second-stage >>"$LOG" 2>&1 \
+        || { step "second stage FAILED; tail of $RFS/debootstrap/debootstrap.log:"; tail -n 30 "$RFS/debootstrap/debootstrap.log" >&2 || true; exit 1; }
+    touch "$RFS/.stage2-done"
+fi
+
+step "uname -m inside: $(in_root uname -m)"
+cp "$DEB" "$RFS/tmp/hsiedge.deb"
+step "dpkg -i $(basename "$DEB")"
+in_root dpkg --purge hsiedge >>"$LOG" 2>&1 || true
+t in_root dpkg -i /tmp/hsiedge.deb 2>&1 | tee -a "$LOG"
+in_root dpkg -s hsiedge | grep -E '^(Status|Version|Architecture):' | tee -a "$LOG"
+step "service account and directories"
+in_root getent passwd hsiedge | tee -a "$LOG"
+in_root stat -c '%n %U:%G %a' /var/lib/hsiedge /var/spool/hsiedge /var/spool/hsiedge/incoming | tee -a "$LOG"
+step "hsiedge --version"
+in_root /usr/bin/hsiedge --version | tee -a "$LOG"
+step "hsiedge doctor without ONNX Runtime (expected: exit 1)"
+set +e
+in_root /usr/bin/hsiedge doctor 2>&1 | tee -a "$LOG"; rc=${PIPESTATUS[0]}
+set -e
+step "  exit $rc"
+[ "$rc" = 1 ] || { step "expected exit 1"; exit 1; }
+ORT=$ROOT/target/ort/aarch64/libonnxruntime.so.1.20.1
+if [ -f "$ORT" ]; then
+    step "hsiedge doctor with libonnxruntime 1.20.1 in /usr/lib/hsiedge (expected: exit 0)"
+    mkdir -p "$RFS/usr/lib/hsiedge"; cp "$ORT" "$RFS/usr/lib/hsiedge/"
+    set +e
+    in_root /usr/bin/hsiedge doctor 2>&1 | tee -a "$LOG"; rc=${PIPESTATUS[0]}
+    set -e
+    step "  exit $rc"
+    [ "$rc" = 0 ] || { step "expected exit 0"; exit 1; }
+    SCENE=${HSIEDGE_DATA:-$ROOT/../shared/data}/salinas_a
+    if [ -f "$SCENE/salinas_a.hdr" ]; then
+        step "hsiedge classify with the packaged model (one thread: see cross/README.md)"
+        mkdir -p "$RFS/tmp/scene"; cp "$SCENE"/salinas_a.hdr "$SCENE"/salinas_a.img "$RFS/tmp/scene/"
+        t in_root /usr/bin/hsiedge classify /tmp/scene/salinas_a.hdr \
+            --model /usr/share/hsiedge/models/hybridsn_salinas_a/manifest.json --out /tmp/out --threads 1 --json \
+            > "$WORK/classify.json" 2>>"$LOG"
+        step "  class map $(stat -c %s "$RFS/tmp/out/class_map.img") bytes"
+    fi
+    rm -f "$RFS/usr/lib/hsiedge/libonnxruntime.so.1.20.1"
+fi
+step "dpkg --purge hsiedge"
+in_root dpkg --purge hsiedge 2>&1 | tee -a "$LOG"
+[ ! -e "$RFS/var/lib/hsiedge" ] && [ ! -e "$RFS/usr/bin/hsiedge" ] && step "purged: binary and state removed"
+step "OK (log: $LOG)"
