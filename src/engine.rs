@@ -240,6 +240,10 @@ pub struct EngineOptions {
     /// Let idle intra-op threads spin. Off by default: the tiling thread shares the cores, and a
     /// spinning pool starves it on small devices.
     pub spin: bool,
+    /// Use ONNX Runtime's CPU memory arena. Off by default: without it every run allocates exactly what
+    /// it needs and returns it, so memory is a linear function of the batch that the budget can
+    /// predict (the arena keeps its high-water mark and extends by powers of two).
+    pub cpu_arena: bool,
 }
 
 impl Default for EngineOptions {
@@ -249,6 +253,7 @@ impl Default for EngineOptions {
             threads: 0,
             provider: Provider::Cpu,
             spin: false,
+            cpu_arena: false,
         }
     }
 }

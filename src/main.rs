@@ -31,6 +31,9 @@ struct EngineArgs {
     /// Let idle ONNX Runtime threads spin-wait (faster alone, slower beside the tiling thread).
     #[arg(long)]
     spin: bool,
+    /// Use ONNX Runtime's CPU memory arena (faster allocation, memory kept at its high-water mark).
+    #[arg(long)]
+    cpu_arena: bool,
 }
 
 impl EngineArgs {
@@ -40,6 +43,7 @@ impl EngineArgs {
             threads: self.threads,
             provider: Provider::Cpu,
             spin: self.spin,
+            cpu_arena: self.cpu_arena,
         }
     }
 }

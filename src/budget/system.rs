@@ -4,7 +4,8 @@
 //! `root/etc/...`, so tests run on recorded or constructed trees. Paths found inside files
 //! (cgroup paths, mount points) are resolved under `root` too.
 //!
-//! The budget is the minimum over the sources that apply, less [`BudgetConfig::reserve_bytes`]:
+//! The budget is the minimum over the sources that apply, the system-wide ones (`MemAvailable`,
+//! the Tegra estimate) less [`BudgetConfig::reserve_bytes`]:
 //!
 //! * `MemAvailable` from `/proc/meminfo` (the kernel's own estimate of what can be allocated
 //!   without swapping; swap is deliberately not counted, since a swapping Jetson misses its
@@ -593,7 +594,7 @@ pub struct SystemBudget {
     pub available_bytes: u64,
     /// The reserve kept back.
     pub reserve_bytes: u64,
-    /// `available_bytes - reserve_bytes` (saturating): what the plan may use.
+    /// What the plan may use: the binding source, less the reserve when that source is system-wide.
     pub budget_bytes: u64,
     /// The meminfo read.
     pub meminfo: MemInfo,
@@ -693,17 +694,23 @@ pub fn read_system_budget(root: &Path, cfg: &BudgetConfig) -> Result<SystemBudge
             ),
         });
     }
+    // The reserve protects the rest of the system, so it comes off the system-wide sources only: a
+    // cgroup limit or a device's free memory is already this workload's own share.
+    let usable = |s: &BudgetSource| match s.kind {
+        SourceKind::MemAvailable | SourceKind::TegraEstimate => s.bytes.saturating_sub(cfg.reserve_bytes),
+        _ => s.bytes,
+    };
     // The first source always exists, so the minimum does too; fall back to it regardless.
     let binding_src = sources
         .iter()
-        .min_by_key(|s| s.bytes)
+        .min_by_key(|s| usable(s))
         .cloned()
         .unwrap_or_else(|| sources[0].clone());
     Ok(SystemBudget {
         binding: binding_src.kind,
         available_bytes: binding_src.bytes,
         reserve_bytes: cfg.reserve_bytes,
-        budget_bytes: binding_src.bytes.saturating_sub(cfg.reserve_bytes),
+        budget_bytes: usable(&binding_src),
         sources,
         meminfo,
         cgroup,
@@ -813,7 +820,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(b.binding, SourceKind::Cgroup);
-        assert_eq!(b.budget_bytes, 724 * MIB);
+        // The reserve is for the rest of the system: it does not come off the cgroup's own share.
+        assert_eq!(b.budget_bytes, 824 * MIB);
         assert_eq!(b.gpu, GpuKind::None);
     }
 
@@ -921,7 +929,7 @@ mod tests {
         .unwrap();
         assert_eq!(b.gpu, GpuKind::Discrete);
         assert_eq!(b.binding, SourceKind::DeviceFree);
-        assert_eq!(b.budget_bytes, 2 * 1024 * MIB - DEFAULT_RESERVE_BYTES);
+        assert_eq!(b.budget_bytes, 2 * 1024 * MIB);
         let cpu = read_system_budget(&root, &BudgetConfig::default()).unwrap();
         assert_eq!(cpu.gpu, GpuKind::None);
         assert_eq!(cpu.cgroup.as_ref().map(|c| c.version), Some(CgroupVersion::V1));
