@@ -228,7 +228,7 @@ pub mod onnx {
 #[derive(Debug, thiserror::Error)]
 pub enum GraphError {
     /// The model file could not be read.
-    #[error("reading ONNX model {path}: {source}")]
+    #[error("reading ONNX model {path}")]
     Read {
         /// The file.
         path: PathBuf,
@@ -236,7 +236,7 @@ pub enum GraphError {
         source: std::io::Error,
     },
     /// The bytes are not a protobuf `ModelProto`.
-    #[error("decoding ONNX model {path}: {source}")]
+    #[error("decoding ONNX model {path}")]
     Decode {
         /// The file (or `<memory>`).
         path: PathBuf,

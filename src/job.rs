@@ -4,8 +4,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use crate::budget::{self, Adjustment, BudgetConfig, BudgetError, Calibration, ChooseConfig, CostModel, Plan, Unit};
 use crate::cube::{Cube, CubeError};
 use crate::engine::{EngineError, EngineOptions, Graph, Runtime};
+use crate::graph::{self, GraphError, ShapeBindings};
 use crate::map::{MapError, Staged, Written};
 use crate::model::{Manifest, ModelError, Role, Task};
 use crate::pipeline::{self, Maps, Mode, PipelineError, RunOptions, RunStats};
@@ -45,6 +47,12 @@ pub enum JobError {
     /// Writing outputs.
     #[error(transparent)]
     Map(#[from] MapError),
+    /// The memory budget (including "not even batch 1 fits").
+    #[error("memory budget")]
+    Budget(#[from] BudgetError),
+    /// The graph could not be sized for the budget.
+    #[error("sizing the graph for the memory budget")]
+    Graph(#[from] GraphError),
     /// A label map does not fit the scene.
     #[error("{path}: label map is {got_lines} x {got_samples}, scene is {lines} x {samples}")]
     Labels {
@@ -80,7 +88,7 @@ pub enum BatchChoice {
 }
 
 /// A job as given by the user, validated but not yet touching any file.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct JobSpec {
     /// The scene's header or data file.
     pub scene: PathBuf,
@@ -100,6 +108,38 @@ pub struct JobSpec {
     pub labels: Option<PathBuf>,
     /// Keep every output channel in `scores.img`.
     pub keep_scores: bool,
+    /// How `--batch auto` is bounded.
+    pub budget: BudgetSettings,
+}
+
+/// Settings of the memory budget behind `--batch auto`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BudgetSettings {
+    /// Root of `/proc` and `/sys` (`/` except in tests).
+    pub root: PathBuf,
+    /// Bytes left to the rest of the system.
+    pub reserve_bytes: u64,
+    /// Share of the budget kept for allocator fragmentation.
+    pub frag_margin: f64,
+    /// Largest batch ever chosen (units).
+    pub max_units: u64,
+    /// Batches between budget re-reads while running.
+    pub check_every: u64,
+    /// Adapt the batch while running.
+    pub adapt: bool,
+}
+
+impl Default for BudgetSettings {
+    fn default() -> Self {
+        Self {
+            root: PathBuf::from("/"),
+            reserve_bytes: budget::DEFAULT_RESERVE_BYTES,
+            frag_margin: 0.10,
+            max_units: 8192,
+            check_every: 1,
+            adapt: true,
+        }
+    }
 }
 
 /// Parses `auto|dense|patch`.
@@ -162,6 +202,23 @@ pub struct Job {
     pub run: RunOptions,
     /// Seconds spent resolving (mapping, loading ONNX Runtime, building the session).
     pub load_s: f64,
+    /// The memory plan behind `--batch auto`.
+    pub plan: Option<AutoBatch>,
+    adjustments: Vec<Adjustment>,
+    peak_anon_bytes: u64,
+}
+
+/// How `--batch auto` chose: the calibrated cost, the plan, the budget sources.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AutoBatch {
+    /// The plan (budget sources, which binds, cost breakdown, `batch_safe`, predicted peak).
+    pub plan: Plan,
+    /// The measured runs the cost was fitted to.
+    pub calibration: Option<Calibration>,
+    /// Bytes per unit the pipeline adds besides one run (queued input batches).
+    pub pipeline_bytes_per_unit: u64,
+    /// Fixed bytes the pipeline adds (maps, line cache, tile window).
+    pub pipeline_fixed_bytes: u64,
 }
 
 impl Job {
@@ -181,7 +238,7 @@ impl Job {
             (BatchChoice::Auto, Mode::Patch) => DEFAULT_PATCH_BATCH,
             (BatchChoice::Auto, Mode::Dense) => DEFAULT_DENSE_BATCH,
         };
-        let run = RunOptions {
+        let mut run = RunOptions {
             mode,
             batch,
             tile: spec.tile,
@@ -199,6 +256,15 @@ impl Job {
                 runtime.graph(&manifest, Role::Dense, &path)?
             }
         };
+        let mut graph = graph;
+        let plan = match spec.batch {
+            BatchChoice::Auto => {
+                let auto = auto_batch(&SceneGeometry::of(&cube), &manifest, &mut graph, &run, &spec.budget)?;
+                run.batch = usize::try_from(auto.plan.batch_safe).unwrap_or(usize::MAX);
+                Some(auto)
+            }
+            BatchChoice::Fixed(_) => None,
+        };
         Ok(Self {
             spec,
             cube,
@@ -207,18 +273,43 @@ impl Job {
             graph,
             run,
             load_s: t0.elapsed().as_secs_f64(),
+            plan,
+            adjustments: Vec::new(),
+            peak_anon_bytes: 0,
         })
     }
 
     /// Runs the pipeline; `progress` gets pixels done.
     pub fn infer(&mut self, progress: &mut dyn FnMut(usize)) -> Result<(Maps, RunStats), JobError> {
-        Ok(pipeline::run(
-            &self.cube,
-            &self.manifest,
-            &mut self.graph,
-            &self.run,
-            progress,
-        )?)
+        let mut governor = match (&self.plan, self.spec.budget.adapt) {
+            (Some(auto), true) => Some(BudgetGovernor::new(auto, &self.spec.budget)?),
+            _ => None,
+        };
+        let adapt = governor.as_mut().map(|g| g as &mut dyn pipeline::Adapt);
+        let root = self.spec.budget.root.clone();
+        let done = std::sync::atomic::AtomicBool::new(false);
+        let (result, peak) = std::thread::scope(|scope| {
+            // Sampling RssAnon catches the peak of a run without counting the mapped scene's pages.
+            let sampler = scope.spawn(|| {
+                let mut peak = anon_bytes(&root);
+                while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                    peak = peak.max(anon_bytes(&root));
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
+                peak.max(anon_bytes(&root))
+            });
+            let result = pipeline::run(&self.cube, &self.manifest, &mut self.graph, &self.run, progress, adapt);
+            done.store(true, std::sync::atomic::Ordering::Relaxed);
+            (result, sampler.join().unwrap_or(0))
+        });
+        self.peak_anon_bytes = peak;
+        self.adjustments = governor.map(|g| g.changes).unwrap_or_default();
+        Ok(result?)
+    }
+
+    /// The batch changes the governor made during the last [`Job::infer`].
+    pub fn last_adjustments(&self) -> &[Adjustment] {
+        &self.adjustments
     }
 
     /// Writes the maps and `summary.json` atomically into the output folder and returns the summary.
@@ -251,11 +342,14 @@ impl Job {
             ort_library: self.runtime.location().path.clone(),
             threads: self.spec.engine.threads,
             peak_rss_bytes: peak_rss_bytes(),
+            peak_anon_bytes: self.peak_anon_bytes,
             class_map: written.class_map.clone(),
             confidence_map: written.confidence_map.clone(),
             scores_map: written.scores_map.clone(),
             quicklook: written.quicklook.clone(),
             accuracy,
+            batch_plan: self.plan.clone(),
+            batch_changes: self.adjustments.clone(),
         };
         summary.write_s = t0.elapsed().as_secs_f64();
         let json = serde_json::to_vec_pretty(&summary).unwrap_or_default();
@@ -361,8 +455,10 @@ pub struct Summary {
     pub ort_library: PathBuf,
     /// Intra-op threads (0 = ONNX Runtime default).
     pub threads: usize,
-    /// Peak resident set of the process.
+    /// Peak resident set of the process (includes the mapped scene's file pages).
     pub peak_rss_bytes: u64,
+    /// Peak anonymous memory during inference, sampled every 2 ms: what the memory plan predicts.
+    pub peak_anon_bytes: u64,
     /// Class map path.
     pub class_map: Option<PathBuf>,
     /// Confidence map path.
@@ -373,6 +469,10 @@ pub struct Summary {
     pub quicklook: PathBuf,
     /// Accuracy against `--labels`.
     pub accuracy: Option<Accuracy>,
+    /// How `--batch auto` chose the batch.
+    pub batch_plan: Option<AutoBatch>,
+    /// Batch changes made while running, with their causes.
+    pub batch_changes: Vec<Adjustment>,
 }
 
 impl Summary {
@@ -385,4 +485,383 @@ impl Summary {
             quicklook: self.quicklook.clone(),
         }
     }
+}
+
+/// How much more than the graph's activation peak a run really holds per unit (im2col and
+/// convolution workspaces): measured 2.2-4.3x on the shipped models by `hsiedge plan`, rounded up.
+pub const PRIOR_WORKSPACE_FACTOR: u64 = 5;
+
+/// The scene facts the memory plan needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SceneGeometry {
+    /// Lines.
+    pub lines: usize,
+    /// Samples per line.
+    pub samples: usize,
+    /// Bands.
+    pub bands: usize,
+    /// Bytes of the mapped data file. Its pages are clean page cache the kernel reclaims under
+    /// pressure, so the plan does not count them; they are reported only.
+    pub data_bytes: u64,
+}
+
+impl SceneGeometry {
+    /// The geometry of an opened cube.
+    pub fn of(cube: &Cube) -> Self {
+        Self {
+            lines: cube.lines(),
+            samples: cube.samples(),
+            bands: cube.bands(),
+            data_bytes: std::fs::metadata(cube.data_path()).map_or(0, |m| m.len()),
+        }
+    }
+}
+
+/// Plans `--batch auto`: sizes the graph, reads the system budget, measures two or three small
+/// batches to fit `M(B) = M_fixed + a*B`, adds what the pipeline itself holds, and applies
+/// `B_safe = floor((budget*(1 - r_frag) - M_fixed) / a)`. Fails before inference when not even one
+/// unit fits.
+pub fn auto_batch(
+    cube: &SceneGeometry,
+    manifest: &Manifest,
+    graph: &mut Graph,
+    run: &RunOptions,
+    settings: &BudgetSettings,
+) -> Result<AutoBatch, JobError> {
+    let root = settings.root.as_path();
+    let grid = crate::tile::TileGrid::new(cube.lines, cube.samples, run.tile, manifest.halo);
+    let bands = cube.bands;
+    let (unit, in_per_unit, bindings) = match run.mode {
+        Mode::Patch => (
+            Unit::Sample,
+            bands * manifest.patch * manifest.patch,
+            ShapeBindings::default(),
+        ),
+        Mode::Dense => {
+            let model = graph::load_model(graph.path())?;
+            let b = ShapeBindings::dense_tile(&model, grid.tile_h as u64, grid.tile_w as u64, grid.halo as u64);
+            (Unit::Tile, bands * grid.window_h() * grid.window_w(), b)
+        }
+    };
+    let gcost = graph::analyse_file(graph.path(), &bindings)?;
+    let prior = CostModel::from_graph(&gcost, unit, budget::DEFAULT_RUNTIME_OVERHEAD_BYTES);
+    let cfg = |own_bytes| BudgetConfig {
+        reserve_bytes: settings.reserve_bytes,
+        own_bytes,
+        device: None,
+    };
+    let own = anon_bytes(root);
+    let system = budget::read_system_budget(root, &cfg(own))?;
+    // The graph prior misses runtime workspaces (measured 2-5x short on the shipped models), so a
+    // calibration run is made only where eight times the prior's per-unit cost fits on top of what
+    // the process holds now: calibration never nears the wall.
+    let sizes: Vec<u64> = match unit {
+        Unit::Sample => [8u64, 32, 128],
+        Unit::Tile => [1u64, 2, 3],
+    }
+    .into_iter()
+    .filter(|&b| own.saturating_add(prior.per_unit_bytes.saturating_mul(8 * b)) <= system.budget_bytes)
+    .collect();
+    let layout = manifest.input.layout;
+    let calibration = if sizes.len() >= 2 {
+        let mut meter = budget::PeakMeter::new(root, system.cgroup.clone());
+        let (p, wh, ww) = match run.mode {
+            Mode::Patch => (manifest.patch, manifest.patch, manifest.patch),
+            Mode::Dense => (0, grid.window_h(), grid.window_w()),
+        };
+        let _ = p;
+        let cal = budget::calibrate(unit, &sizes, |b| -> Result<u64, JobError> {
+            let n = usize::try_from(b).unwrap_or(1);
+            // Touch every page: an untouched zeroed buffer would not count as resident.
+            let input = vec![0.5f32; n * in_per_unit];
+            meter.reset()?;
+            graph.run(&input, &layout.shape(n, bands, wh, ww))?;
+            Ok(meter.read()?.process_hwm_bytes)
+        })?;
+        Some(cal)
+    } else {
+        None
+    };
+    // Without calibration, the prior's per-unit cost is scaled by the largest workspace factor
+    // measured on the shipped models, so the plan errs towards smaller batches.
+    let measured = match &calibration {
+        Some(c) => c.model.clone(),
+        None => CostModel {
+            per_unit_bytes: prior.per_unit_bytes.saturating_mul(PRIOR_WORKSPACE_FACTOR),
+            ..prior
+        },
+    };
+    let pixels = (cube.lines * cube.samples) as u64;
+    let k = manifest.classes() as u64;
+    let keeps_scores = run.keep_scores || manifest.task == Task::Abundance;
+    let maps = pixels * (1 + 4 + 1) + if keeps_scores { pixels * k * 4 } else { 0 };
+    let line_cache = ((grid.window_h() + 2 * grid.halo) * bands * cube.samples * 4) as u64;
+    let window = (bands * grid.window_h() * grid.window_w() * 4) as u64;
+    let pipeline_fixed_bytes = maps + line_cache + window;
+    // A batch larger than the scene buys nothing and only reserves memory.
+    let scene_units = match run.mode {
+        Mode::Patch => pixels,
+        Mode::Dense => grid.len() as u64,
+    };
+    let choose = ChooseConfig {
+        frag_margin: settings.frag_margin,
+        max_units: settings.max_units.min(scene_units.max(1)),
+        knee: None,
+    };
+    // Besides the batch being run, up to `queue + 1` more can be in flight (queued, and one being
+    // built) — but only as many as the scene has left: a scene of two batches never holds four.
+    // Take the most in-flight batches consistent with the batch they allow.
+    let in_bytes = (in_per_unit * 4) as u64;
+    let mut chosen = None;
+    for extra in (0..=run.queue as u64 + 1).rev() {
+        let cost = CostModel {
+            fixed_bytes: measured.fixed_bytes + pipeline_fixed_bytes,
+            per_unit_bytes: measured.per_unit_bytes + extra * in_bytes,
+            ..measured.clone()
+        };
+        let plan = Plan::build(&system, &cost, Some(&gcost), &choose)?;
+        let batches = scene_units.div_ceil(plan.batch_safe.max(1));
+        if extra == 0 || batches.saturating_sub(1) >= extra {
+            chosen = Some((plan, extra * in_bytes));
+            break;
+        }
+    }
+    let Some((mut plan, pipeline_bytes_per_unit)) = chosen else {
+        return Err(JobError::Budget(BudgetError::Config {
+            field: "queue",
+            value: run.queue.to_string(),
+            why: "no in-flight batch count gives a plan",
+        }));
+    };
+    plan.mode = match run.mode {
+        Mode::Patch => "patch".into(),
+        Mode::Dense => "dense".into(),
+    };
+    Ok(AutoBatch {
+        plan,
+        calibration,
+        pipeline_bytes_per_unit,
+        pipeline_fixed_bytes,
+    })
+}
+
+/// This process's anonymous resident memory (`RssAnon`): what the cost model counts. File-backed
+/// pages (the mapped scene, the ONNX Runtime library) are reclaimable and stay out of it.
+fn anon_bytes(root: &Path) -> u64 {
+    std::fs::read_to_string(root.join("proc/self/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("RssAnon:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// The memory governor as a pipeline [`pipeline::Adapt`]: re-reads the budget every few batches
+/// and when memory pressure rises, and logs each change with its cause on stderr.
+struct BudgetGovernor {
+    governor: budget::Governor,
+    root: PathBuf,
+    reserve_bytes: u64,
+    changes: Vec<Adjustment>,
+}
+
+impl BudgetGovernor {
+    fn new(auto: &AutoBatch, settings: &BudgetSettings) -> Result<Self, JobError> {
+        let cost = CostModel {
+            unit: auto.plan.unit,
+            fixed_bytes: auto.plan.fixed_bytes,
+            per_unit_bytes: auto.plan.per_unit_bytes,
+            source: auto.plan.cost_source,
+            fit_rms_residual_bytes: auto.plan.fit_rms_residual_bytes,
+        };
+        let cfg = budget::GovernorConfig {
+            check_every: settings.check_every.max(1),
+            ..budget::GovernorConfig::from(&ChooseConfig {
+                frag_margin: settings.frag_margin,
+                max_units: settings.max_units,
+                knee: None,
+            })
+        };
+        Ok(Self {
+            governor: budget::Governor::new(cost, auto.plan.batch_safe.max(1), cfg)?,
+            root: settings.root.clone(),
+            reserve_bytes: settings.reserve_bytes,
+            changes: Vec::new(),
+        })
+    }
+
+    fn check(&mut self) -> Option<Adjustment> {
+        let cfg = BudgetConfig {
+            reserve_bytes: self.reserve_bytes,
+            own_bytes: anon_bytes(&self.root),
+            device: None,
+        };
+        match self.governor.check(&self.root, &cfg) {
+            Ok(change) => change,
+            Err(e) => {
+                eprintln!("hsiedge: warning: memory budget re-read failed, batch kept: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl pipeline::Adapt for BudgetGovernor {
+    fn after_batch(&mut self, batches_done: u64, current: usize) -> usize {
+        let psi = budget::read_psi(&self.root).ok().flatten();
+        if !self.governor.should_check(batches_done, psi.as_ref()) {
+            return current;
+        }
+        let mut change = self.check();
+        // Nothing fits: wait for memory to come back (up to 5 s) rather than run into the wall.
+        let mut waits = 0;
+        while change.as_ref().is_some_and(|c| c.cause == budget::Cause::Exhausted) && waits < 50 {
+            if let Some(c) = change.take() {
+                eprintln!("hsiedge: {c}; waiting for memory");
+                self.changes.push(c);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            waits += 1;
+            change = self.check();
+        }
+        if let Some(c) = change {
+            eprintln!("hsiedge: {c}");
+            self.changes.push(c);
+        }
+        usize::try_from(self.governor.current()).unwrap_or(current)
+    }
+}
+
+/// What `hsiedge plan` is asked.
+#[derive(Debug, Clone)]
+pub struct PlanRequest {
+    /// Model manifest.
+    pub manifest: PathBuf,
+    /// Scene to plan for; one tile of the model's bands when absent.
+    pub scene: Option<PathBuf>,
+    /// Mode.
+    pub mode: ModeChoice,
+    /// Tile side.
+    pub tile: usize,
+    /// Engine settings (the plan calibrates with a real session).
+    pub engine: EngineOptions,
+    /// Budget settings.
+    pub budget: BudgetSettings,
+    /// Plan training for this many classes with this optimizer instead of inference.
+    pub train: Option<(u64, budget::Optimizer)>,
+}
+
+/// `hsiedge plan`'s answer.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(untagged)]
+pub enum PlanReport {
+    /// Inference: the calibrated plan.
+    Inference(Box<AutoBatch>),
+    /// Training memory from the graph.
+    Training(Box<budget::TrainingPlan>),
+}
+
+impl std::fmt::Display for PlanReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Inference(a) => {
+                write!(f, "{}", a.plan)?;
+                if let Some(c) = &a.calibration {
+                    let pts: Vec<String> = c
+                        .samples
+                        .iter()
+                        .map(|(b, m)| format!("B={b}: {:.1} MiB", *m as f64 / 1048576.0))
+                        .collect();
+                    write!(
+                        f,
+                        "\n  calibration     {} (fit RMS residual {:.2} MiB)",
+                        pts.join(", "),
+                        c.rms_residual_bytes / 1048576.0
+                    )?;
+                }
+                write!(
+                    f,
+                    "\n  pipeline        +{:.1} KiB per unit (queued inputs), +{:.1} MiB fixed (maps, line cache, tile window)",
+                    a.pipeline_bytes_per_unit as f64 / 1024.0,
+                    a.pipeline_fixed_bytes as f64 / 1048576.0
+                )
+            }
+            Self::Training(t) => write!(f, "{t}"),
+        }
+    }
+}
+
+/// Builds the plan `hsiedge plan` prints.
+pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
+    let manifest = Manifest::load(&req.manifest)?;
+    let geometry = match &req.scene {
+        Some(p) => {
+            let cube = Cube::open(p)?;
+            if cube.bands() != manifest.input.bands {
+                return Err(PipelineError::Bands {
+                    cube: cube.header_path().to_path_buf(),
+                    bands: cube.bands(),
+                    manifest: manifest.path.clone(),
+                    expected: manifest.input.bands,
+                }
+                .into());
+            }
+            SceneGeometry::of(&cube)
+        }
+        None => SceneGeometry {
+            lines: req.tile,
+            samples: req.tile,
+            bands: manifest.input.bands,
+            data_bytes: 0,
+        },
+    };
+    let mode = match req.mode {
+        ModeChoice::Fixed(m) => m,
+        ModeChoice::Auto if manifest.files.dense.is_some() => Mode::Dense,
+        ModeChoice::Auto => Mode::Patch,
+    };
+    if let Some((classes, optimizer)) = req.train {
+        let g = graph::analyse_file(&manifest.patch_path(), &ShapeBindings::default())?;
+        let cfg = BudgetConfig {
+            reserve_bytes: req.budget.reserve_bytes,
+            own_bytes: 0,
+            device: None,
+        };
+        let system = budget::read_system_budget(&req.budget.root, &cfg)?;
+        let choose = ChooseConfig {
+            frag_margin: req.budget.frag_margin,
+            max_units: req.budget.max_units,
+            knee: None,
+        };
+        let t = budget::TrainingPlan::build(
+            &system,
+            &g,
+            classes,
+            optimizer,
+            budget::DEFAULT_RUNTIME_OVERHEAD_BYTES,
+            &choose,
+        )?;
+        return Ok(PlanReport::Training(Box::new(t)));
+    }
+    let run = RunOptions {
+        mode,
+        batch: 1,
+        tile: req.tile,
+        queue: 2,
+        keep_scores: manifest.task == Task::Abundance,
+    };
+    let runtime = Runtime::new(req.engine.clone())?;
+    let mut graph = match mode {
+        Mode::Patch => runtime.graph(&manifest, Role::Patch, &manifest.patch_path())?,
+        Mode::Dense => {
+            let path = manifest.dense_path().ok_or_else(|| PipelineError::NoDense {
+                manifest: manifest.path.clone(),
+            })?;
+            runtime.graph(&manifest, Role::Dense, &path)?
+        }
+    };
+    let auto = auto_batch(&geometry, &manifest, &mut graph, &run, &req.budget)?;
+    Ok(PlanReport::Inference(Box::new(auto)))
 }

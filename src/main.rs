@@ -48,6 +48,34 @@ impl EngineArgs {
     }
 }
 
+#[derive(clap::Args, Clone)]
+struct BudgetArgs {
+    /// Memory left to the rest of the system (MiB), off MemAvailable.
+    #[arg(long, default_value_t = 512)]
+    reserve_mib: u64,
+    /// Share of the budget kept for allocator fragmentation.
+    #[arg(long, default_value_t = 0.10)]
+    frag_margin: f64,
+    /// Largest batch `--batch auto` may choose.
+    #[arg(long, default_value_t = 8192)]
+    max_batch: u64,
+    /// Keep the chosen batch for the whole run (no re-reading of the budget).
+    #[arg(long)]
+    no_adapt: bool,
+}
+
+impl BudgetArgs {
+    fn settings(&self) -> hsiedge::job::BudgetSettings {
+        hsiedge::job::BudgetSettings {
+            reserve_bytes: self.reserve_mib << 20,
+            frag_margin: self.frag_margin,
+            max_units: self.max_batch,
+            adapt: !self.no_adapt,
+            ..Default::default()
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Classify (or unmix) a scene into maps.
@@ -80,6 +108,39 @@ enum Command {
         json: bool,
         #[command(flatten)]
         engine: EngineArgs,
+        #[command(flatten)]
+        budget: BudgetArgs,
+    },
+    /// The memory plan: what a batch costs, what the system can give, the largest safe batch.
+    Plan {
+        /// Model manifest.
+        #[arg(long)]
+        model: PathBuf,
+        /// A scene to plan for (its size adds the map and mapping costs); else one tile.
+        #[arg(long)]
+        scene: Option<PathBuf>,
+        /// auto, dense or patch.
+        #[arg(long, default_value = "auto")]
+        mode: String,
+        /// Tile side in output pixels.
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_TILE)]
+        tile: usize,
+        /// Plan training instead of inference.
+        #[arg(long)]
+        train: bool,
+        /// Classes a training batch should cover (with --train).
+        #[arg(long)]
+        classes: Option<u64>,
+        /// Optimizer whose state training holds (with --train): adam or sgd.
+        #[arg(long, default_value = "adam")]
+        optimizer: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        engine: EngineArgs,
+        #[command(flatten)]
+        budget: BudgetArgs,
     },
     /// Print an ENVI header or a model manifest.
     Inspect {
@@ -177,6 +238,7 @@ fn run(cli: Cli) -> Result<()> {
             keep_scores,
             json,
             engine,
+            budget,
         } => {
             let spec = JobSpec {
                 scene,
@@ -188,8 +250,49 @@ fn run(cli: Cli) -> Result<()> {
                 engine: engine.options(),
                 labels,
                 keep_scores,
+                budget: budget.settings(),
             };
             classify(spec, json)
+        }
+        Command::Plan {
+            model,
+            scene,
+            mode,
+            tile,
+            train,
+            classes,
+            optimizer,
+            json,
+            engine,
+            budget,
+        } => {
+            let req = hsiedge::job::PlanRequest {
+                manifest: model,
+                scene,
+                mode: parse_mode(&mode)?,
+                tile,
+                engine: engine.options(),
+                budget: budget.settings(),
+                train: if train {
+                    let classes = classes.context("--train needs --classes K (the classes a batch should cover)")?;
+                    let optimizer: hsiedge::budget::Optimizer = optimizer
+                        .parse()
+                        .map_err(|e| anyhow::anyhow!("--optimizer `{optimizer}`: {e}"))?;
+                    Some((classes, optimizer))
+                } else {
+                    None
+                },
+            };
+            let report = hsiedge::job::plan(&req)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).context("serialising the plan")?
+                );
+            } else {
+                println!("{report}");
+            }
+            Ok(())
         }
         Command::Inspect { file } => inspect(&file),
         Command::Simulate {
@@ -238,6 +341,7 @@ fn run(cli: Cli) -> Result<()> {
                     engine: engine.options(),
                     labels: None,
                     keep_scores: false,
+                    budget: Default::default(),
                 },
                 patch_batch: batch,
                 dense_batch,

@@ -13,7 +13,7 @@ use crate::pipeline::Maps;
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
     /// A file could not be written or renamed.
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         /// The file.
         path: PathBuf,

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// The manifest could not be read.
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         /// The manifest.
         path: PathBuf,
@@ -20,7 +20,7 @@ pub enum ModelError {
         source: std::io::Error,
     },
     /// The manifest is not valid JSON for the schema.
-    #[error("{path}: not a valid manifest: {source}")]
+    #[error("{path}: not a valid manifest")]
     Json {
         /// The manifest.
         path: PathBuf,

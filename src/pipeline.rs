@@ -6,6 +6,7 @@
 //! reflected windows, so they see the same numbers. The stitcher counts writes per pixel and fails
 //! the run unless every pixel was written exactly once.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::cube::Cube;
@@ -43,7 +44,7 @@ pub enum PipelineError {
         message: String,
     },
     /// The engine failed on a batch.
-    #[error("batch {batch} (tiles {first_tile:?}..): {source}")]
+    #[error("batch {batch} (from tile row, col {first_tile:?})")]
     Engine {
         /// Batch index.
         batch: usize,
@@ -118,6 +119,17 @@ pub struct Batch {
     pub tiles: Vec<TileRect>,
 }
 
+impl Batch {
+    /// Samples in the batch: pixels (patch mode) or tiles (dense mode).
+    pub fn units(&self) -> usize {
+        if self.tiles.is_empty() {
+            self.pixels.len()
+        } else {
+            self.tiles.len()
+        }
+    }
+}
+
 /// The stitched maps of a run.
 #[derive(Debug, Clone)]
 pub struct Maps {
@@ -156,9 +168,28 @@ pub struct RunStats {
     pub first_batch_s: f64,
 }
 
+/// Adapts the batch while a run goes on (the memory governor implements it).
+pub trait Adapt {
+    /// Called after every batch with the batches done so far and the current batch (units);
+    /// returns the batch to use from now on.
+    fn after_batch(&mut self, batches_done: u64, current: usize) -> usize;
+}
+
 /// Builds batches for `manifest` over `cube` and hands each to `sink`; stops early when `sink`
 /// returns `false`. Runs on the calling thread.
-pub fn produce(cube: &Cube, manifest: &Manifest, opts: &RunOptions, mut sink: impl FnMut(Batch) -> bool) {
+pub fn produce(cube: &Cube, manifest: &Manifest, opts: &RunOptions, sink: impl FnMut(Batch) -> bool) {
+    produce_with(cube, manifest, opts, &AtomicUsize::new(opts.batch), sink)
+}
+
+/// [`produce`], with the batch size read from `target` as each batch starts, so a governor on
+/// another thread can change it.
+pub fn produce_with(
+    cube: &Cube,
+    manifest: &Manifest,
+    opts: &RunOptions,
+    target: &AtomicUsize,
+    mut sink: impl FnMut(Batch) -> bool,
+) {
     let grid = grid_for(cube, manifest, opts);
     let (bands, samples) = (cube.bands(), cube.samples());
     let mean = &manifest.input.mean;
@@ -177,12 +208,13 @@ pub fn produce(cube: &Cube, manifest: &Manifest, opts: &RunOptions, mut sink: im
         pixels: Vec::new(),
         tiles: Vec::new(),
     };
-    let cap = opts.batch.max(1);
+    let cap_now = || target.load(Ordering::Relaxed).max(1);
+    let mut cap = cap_now();
     let mut batch = match opts.mode {
         Mode::Patch => new_batch(cap, per_patch),
         Mode::Dense => new_batch(cap, per_tile),
     };
-    let finish = |b: &mut Batch| {
+    let finish = |b: &mut Batch, cap: usize| {
         let n = match opts.mode {
             Mode::Patch => b.pixels.len(),
             Mode::Dense => b.tiles.len(),
@@ -222,8 +254,11 @@ pub fn produce(cube: &Cube, manifest: &Manifest, opts: &RunOptions, mut sink: im
                 Mode::Dense => {
                     batch.data.extend_from_slice(&window);
                     batch.tiles.push(rect);
-                    if batch.tiles.len() == cap && !sink(finish(&mut batch)) {
-                        return;
+                    if batch.tiles.len() >= cap {
+                        cap = cap_now();
+                        if !sink(finish(&mut batch, cap)) {
+                            return;
+                        }
                     }
                 }
                 Mode::Patch => {
@@ -233,8 +268,11 @@ pub fn produce(cube: &Cube, manifest: &Manifest, opts: &RunOptions, mut sink: im
                             batch.data.resize(at + per_patch, 0.0);
                             gather_patch(&window, shape, i, j, p, &mut batch.data[at..]);
                             batch.pixels.push((rect.y0 + i, rect.x0 + j));
-                            if batch.pixels.len() == cap && !sink(finish(&mut batch)) {
-                                return;
+                            if batch.pixels.len() >= cap {
+                                cap = cap_now();
+                                if !sink(finish(&mut batch, cap)) {
+                                    return;
+                                }
                             }
                         }
                     }
@@ -251,7 +289,7 @@ pub fn produce(cube: &Cube, manifest: &Manifest, opts: &RunOptions, mut sink: im
         cache.retain(|y, _| *y >= next_top || keep.contains(y));
     }
     if !batch.pixels.is_empty() || !batch.tiles.is_empty() {
-        sink(finish(&mut batch));
+        sink(finish(&mut batch, cap));
     }
 }
 
@@ -366,6 +404,18 @@ impl Stitcher {
         out: &[f32],
         graph: &std::path::Path,
     ) -> Result<(), PipelineError> {
+        self.put_range(batch, 0..batch.units(), out_shape, out, graph)
+    }
+
+    /// Stitches the engine result for samples `range` of `batch`.
+    pub fn put_range(
+        &mut self,
+        batch: &Batch,
+        range: std::ops::Range<usize>,
+        out_shape: &[usize],
+        out: &[f32],
+        graph: &std::path::Path,
+    ) -> Result<(), PipelineError> {
         let k = self.maps.channels;
         let shape_err = |expected: String| PipelineError::OutputShape {
             graph: graph.to_path_buf(),
@@ -375,11 +425,11 @@ impl Stitcher {
         };
         if !batch.tiles.is_empty() {
             let (th, tw) = (self.grid.tile_h, self.grid.tile_w);
-            let n = batch.tiles.len();
+            let n = range.len();
             if out_shape != [n, k, th, tw] {
                 return Err(shape_err(format!("{n} x {k} x {th} x {tw}")));
             }
-            for (t, rect) in batch.tiles.iter().enumerate() {
+            for (t, rect) in batch.tiles[range].iter().enumerate() {
                 for i in 0..rect.h {
                     for j in 0..rect.w {
                         self.put(rect.y0 + i, rect.x0 + j, |c| out[((t * k + c) * th + i) * tw + j]);
@@ -387,11 +437,11 @@ impl Stitcher {
                 }
             }
         } else {
-            let n = batch.pixels.len();
+            let n = range.len();
             if out.len() != n * k || out_shape.first() != Some(&n) {
                 return Err(shape_err(format!("{n} x {k}")));
             }
-            for (s, &(y, x)) in batch.pixels.iter().enumerate() {
+            for (s, &(y, x)) in batch.pixels[range].iter().enumerate() {
                 self.put(y, x, |c| out[s * k + c]);
             }
         }
@@ -415,13 +465,16 @@ impl Stitcher {
 }
 
 /// Runs `graph` over `cube`: the producer thread fills a queue of `opts.queue` batches while this
-/// thread infers and stitches. `progress` gets the pixels done after each batch.
+/// thread infers and stitches. `progress` gets the pixels done after each batch. With `adapt`, the
+/// batch may change between batches: the producer builds new batches at the new size, and batches
+/// already queued are run in pieces no larger than it.
 pub fn run(
     cube: &Cube,
     manifest: &Manifest,
     graph: &mut Graph,
     opts: &RunOptions,
     progress: &mut dyn FnMut(usize),
+    mut adapt: Option<&mut dyn Adapt>,
 ) -> Result<(Maps, RunStats), PipelineError> {
     check(cube, manifest, opts)?;
     let start = Instant::now();
@@ -432,40 +485,59 @@ pub fn run(
         tile_shape: (grid.tile_h, grid.tile_w),
         ..RunStats::default()
     };
+    let target = AtomicUsize::new(opts.batch);
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
     let mut inference = Duration::ZERO;
     let mut wait = Duration::ZERO;
     let result = std::thread::scope(|scope| -> Result<(), PipelineError> {
-        scope.spawn(move || produce(cube, manifest, opts, |b| tx.send(b).is_ok()));
+        let target = &target;
+        scope.spawn(move || produce_with(cube, manifest, opts, target, |b| tx.send(b).is_ok()));
         loop {
             let t0 = Instant::now();
             let Ok(batch) = rx.recv() else { break };
             wait += t0.elapsed();
-            let t1 = Instant::now();
-            let (shape, out) = graph
-                .run(&batch.data, &batch.shape)
-                .map_err(|source| PipelineError::Engine {
-                    batch: stats.batches,
-                    first_tile: batch
-                        .tiles
-                        .first()
-                        .map(|t| (t.row, t.col))
-                        .or_else(|| batch.pixels.first().map(|&(y, x)| (y / grid.tile_h, x / grid.tile_w)))
-                        .unwrap_or_default(),
-                    source,
-                })?;
-            inference += t1.elapsed();
-            if stats.batches == 0 {
-                stats.first_batch_s = start.elapsed().as_secs_f64();
+            let units = batch.units();
+            let per_unit = batch.data.len() / units.max(1);
+            let mut from = 0;
+            while from < units {
+                let to = (from + target.load(Ordering::Relaxed).max(1)).min(units);
+                let mut shape = batch.shape.clone();
+                shape[0] = to - from;
+                let t1 = Instant::now();
+                let (out_shape, out) =
+                    graph
+                        .run(&batch.data[from * per_unit..to * per_unit], &shape)
+                        .map_err(|source| PipelineError::Engine {
+                            batch: stats.batches,
+                            first_tile: batch
+                                .tiles
+                                .get(from)
+                                .map(|t| (t.row, t.col))
+                                .or_else(|| batch.pixels.get(from).map(|&(y, x)| (y / grid.tile_h, x / grid.tile_w)))
+                                .unwrap_or_default(),
+                            source,
+                        })?;
+                inference += t1.elapsed();
+                if stats.batches == 0 {
+                    stats.first_batch_s = start.elapsed().as_secs_f64();
+                }
+                stitcher.put_range(&batch, from..to, &out_shape, &out, graph.path())?;
+                stats.batches += 1;
+                stats.pixels += if batch.tiles.is_empty() {
+                    to - from
+                } else {
+                    batch.tiles[from..to].iter().map(|t| t.h * t.w).sum()
+                };
+                progress(stats.pixels);
+                if let Some(a) = adapt.as_deref_mut() {
+                    let now = target.load(Ordering::Relaxed);
+                    let next = a.after_batch(stats.batches as u64, now).max(1);
+                    if next != now {
+                        target.store(next, Ordering::Relaxed);
+                    }
+                }
+                from = to;
             }
-            stitcher.put_batch(&batch, &shape, &out, graph.path())?;
-            stats.batches += 1;
-            stats.pixels += if batch.tiles.is_empty() {
-                batch.pixels.len()
-            } else {
-                batch.tiles.iter().map(|t| t.h * t.w).sum()
-            };
-            progress(stats.pixels);
         }
         Ok(())
     });

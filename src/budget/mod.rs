@@ -81,7 +81,7 @@ pub use system::{
 #[derive(Debug, thiserror::Error)]
 pub enum BudgetError {
     /// A file could not be read or written.
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}")]
     Io {
         /// `reading` or `writing`.
         op: &'static str,
@@ -115,7 +115,7 @@ pub enum BudgetError {
         got: Vec<u64>,
     },
     /// The measured run for one batch size failed.
-    #[error("calibration run at batch {batch} failed: {source}")]
+    #[error("calibration run at batch {batch} failed")]
     Measure {
         /// The batch size.
         batch: u64,

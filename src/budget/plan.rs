@@ -210,14 +210,23 @@ impl fmt::Display for Plan {
                 s.detail
             )?;
         }
-        writeln!(
-            f,
-            "  budget          {} = {} ({}) - reserve {}",
-            human(self.budget_bytes),
-            human(self.available_bytes),
-            self.binding_source,
-            human(self.reserve_bytes)
-        )?;
+        if self.budget_bytes < self.available_bytes {
+            writeln!(
+                f,
+                "  budget          {} = {} ({}) - reserve {}",
+                human(self.budget_bytes),
+                human(self.available_bytes),
+                self.binding_source,
+                human(self.reserve_bytes)
+            )?;
+        } else {
+            writeln!(
+                f,
+                "  budget          {} ({}: this workload's own share, no system reserve taken off)",
+                human(self.budget_bytes),
+                self.binding_source
+            )?;
+        }
         writeln!(
             f,
             "  fragmentation   {} ({:.0} %)",

@@ -15,7 +15,7 @@ pub use header::{ByteOrder, DataType, Header, Interleave, data_path_for, header_
 #[derive(Debug, thiserror::Error)]
 pub enum CubeError {
     /// The file could not be read.
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         /// The file.
         path: PathBuf,

@@ -1,0 +1,258 @@
+//! The memory wall, for real: `hsiedge classify --batch auto` inside cgroup v1 memory limits (the
+//! kernel OOM-kills a process that crosses them, as a Jetson does at its wall).
+//!
+//! Needs root and the cgroup v1 memory controller at /sys/fs/cgroup/memory (both present on CI).
+//! The tests share one synthetic 640 x 640 scene and run one at a time: each takes a cgroup.
+
+mod common;
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup/memory";
+const MIB: u64 = 1 << 20;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+static SCENE: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+
+fn hybridsn() -> Option<PathBuf> {
+    model("hybridsn_salinas_a")
+}
+
+/// Whether real cgroup limits can be set here; in CI they must be.
+fn available() -> bool {
+    let probe = Path::new(CGROUP_ROOT).join(format!("hsiedge-probe-{}", std::process::id()));
+    let writable = std::fs::create_dir(&probe).is_ok() && std::fs::remove_dir(&probe).is_ok();
+    let ok = Path::new(CGROUP_ROOT).join("memory.limit_in_bytes").is_file() && writable && hybridsn().is_some();
+    assert!(
+        ok || std::env::var("CI").is_err(),
+        "CI must run the memory-wall tests as root with cgroup v1"
+    );
+    if !ok {
+        eprintln!("skipped: needs root, cgroup v1 memory controller and the hybridsn model");
+    }
+    ok
+}
+
+fn scene() -> &'static Path {
+    let (_, p) = SCENE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let model = hybridsn().unwrap();
+        ok(&[
+            "simulate",
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            dir.path().to_str().unwrap(),
+            "--lines",
+            "640",
+            "--samples",
+            "640",
+            "--fields",
+            "60",
+        ]);
+        let p = dir.path().join("scene.hdr");
+        (dir, p)
+    });
+    p
+}
+
+/// A child memory cgroup with a hard limit, removed on drop.
+struct Cgroup {
+    path: PathBuf,
+}
+
+impl Cgroup {
+    fn new(name: &str, limit: u64) -> Self {
+        let path = Path::new(CGROUP_ROOT).join(format!("hsiedge-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir(&path);
+        std::fs::create_dir(&path).unwrap();
+        std::fs::write(path.join("memory.limit_in_bytes"), limit.to_string()).unwrap();
+        Self { path }
+    }
+
+    fn read(&self, file: &str) -> String {
+        std::fs::read_to_string(self.path.join(file)).unwrap()
+    }
+
+    fn oom_kills(&self) -> u64 {
+        self.read("memory.oom_control")
+            .lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// A command that joins this cgroup before it execs `program`.
+    fn command(&self, program: &str, args: &[&str]) -> Command {
+        let mut c = Command::new("sh");
+        c.arg("-c")
+            .arg(r#"echo $$ > "$0/cgroup.procs" && shift && exec "$@""#)
+            .arg(&self.path)
+            .arg("--")
+            .arg(program)
+            .args(args);
+        c
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // The processes have exited; an empty cgroup can be removed (retry while the kernel settles).
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.path).is_ok() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+fn classify_args(out: &Path, extra: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = [
+        "classify",
+        scene().to_str().unwrap(),
+        "--model",
+        hybridsn().unwrap().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--batch",
+        "auto",
+        "--mode",
+        "dense",
+        "--threads",
+        "2",
+        "--json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    v.extend(extra.iter().map(|s| s.to_string()));
+    v
+}
+
+fn run_in(cg: &Cgroup, args: &[String]) -> std::process::Output {
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    cg.command(env!("CARGO_BIN_EXE_hsiedge"), &a).output().unwrap()
+}
+
+#[test]
+fn auto_batch_completes_under_three_limits_and_uses_its_budget() {
+    if !available() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let runs: usize = std::env::var("HSIEDGE_MEMWALL_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    for limit_mib in [400u64, 600, 900] {
+        let cg = Cgroup::new(&format!("limit{limit_mib}"), limit_mib * MIB);
+        let dir = tempfile::tempdir().unwrap();
+        let mut batches = Vec::new();
+        for i in 0..runs {
+            let out = run_in(&cg, &classify_args(&dir.path().join(format!("o{i}")), &[]));
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.success(),
+                "limit {limit_mib} MiB run {i}: {} ({stderr})",
+                out.status
+            );
+            assert_eq!(cg.oom_kills(), 0, "limit {limit_mib} MiB run {i}: OOM kill");
+            let s = summary(&String::from_utf8_lossy(&out.stdout));
+            let plan = &s["batch_plan"]["plan"];
+            assert_eq!(plan["binding_source"], "cgroup", "{plan}");
+            let budget = plan["budget_bytes"].as_u64().unwrap();
+            assert!(budget <= limit_mib * MIB);
+            let peak = s["peak_anon_bytes"].as_u64().unwrap();
+            assert!(
+                peak as f64 >= 0.70 * budget as f64,
+                "limit {limit_mib} MiB run {i}: peak {} MiB is below 70 % of the budget {} MiB (timid)",
+                peak / MIB,
+                budget / MIB
+            );
+            batches.push(s["batch"].as_u64().unwrap());
+        }
+        let max_usage: u64 = cg.read("memory.max_usage_in_bytes").trim().parse().unwrap();
+        eprintln!(
+            "limit {limit_mib} MiB: {runs}/{runs} runs completed, batch {:?}..{:?} tiles, cgroup max usage {} MiB",
+            batches.iter().min(),
+            batches.iter().max(),
+            max_usage / MIB
+        );
+    }
+}
+
+#[test]
+fn a_limit_below_batch_one_is_a_clear_error_before_inference() {
+    if !available() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cg = Cgroup::new("tiny", 150 * MIB);
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("o");
+    let out = run_in(&cg, &classify_args(&out_dir, &["--tile", "256"]));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "clean error exit expected: {stderr}");
+    assert!(
+        stderr.contains("not even one tile fits") && stderr.contains("cgroup"),
+        "{stderr}"
+    );
+    assert_eq!(cg.oom_kills(), 0);
+    assert!(!out_dir.join("class_map.img").exists() && !out_dir.join("summary.json").exists());
+}
+
+#[test]
+fn a_neighbour_growing_in_the_same_cgroup_makes_it_shrink_and_finish() {
+    if !available() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cg = Cgroup::new("neighbour", 900 * MIB);
+    let dir = tempfile::tempdir().unwrap();
+    let args = classify_args(&dir.path().join("o"), &["--tile", "32"]);
+    let a: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut job = cg
+        .command(env!("CARGO_BIN_EXE_hsiedge"), &a)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Let hsiedge plan at the full budget, then grow a neighbour by 20 MiB every 100 ms to 360 MiB.
+    std::thread::sleep(Duration::from_millis(700));
+    let hog = "import time\nb = []\nfor _ in range(18):\n    b.append(bytearray(20 << 20))\n    time.sleep(0.1)\ntime.sleep(60)";
+    let mut neighbour = cg.command("python3", &["-c", hog]).spawn().unwrap();
+    let start = Instant::now();
+    let status = job.wait().unwrap();
+    let _ = neighbour.kill();
+    let _ = neighbour.wait();
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    job.stdout.take().unwrap().read_to_string(&mut stdout).unwrap();
+    job.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+    assert!(status.success(), "{status}: {stderr}");
+    assert_eq!(cg.oom_kills(), 0, "nobody was OOM-killed");
+    let s = summary(&stdout);
+    let changes = s["batch_changes"].as_array().unwrap();
+    let fell: Vec<_> = changes.iter().filter(|c| c["cause"] == "budget_fell").collect();
+    assert!(
+        !fell.is_empty(),
+        "the batch shrank when the neighbour grew: {changes:?}\n{stderr}"
+    );
+    assert!(
+        stderr.contains("budget fell"),
+        "each change is logged with its cause: {stderr}"
+    );
+    let first = fell[0]["old"].as_u64().unwrap();
+    let smallest = changes.iter().filter_map(|c| c["new"].as_u64()).min().unwrap();
+    eprintln!(
+        "batch {first} shrank to {smallest} tiles as the neighbour grew; finished {:.1} s after it started",
+        start.elapsed().as_secs_f64()
+    );
+}
