@@ -173,6 +173,11 @@ enum Command {
         #[command(subcommand)]
         what: BenchCommand,
     },
+    /// Check that this deployment can run (exit 0 only when it can).
+    Doctor {
+        #[command(flatten)]
+        args: hsiedge::doctor::DoctorArgs,
+    },
     /// List the environment variables hsiedge reads.
     Env,
 }
@@ -216,7 +221,11 @@ enum BenchCommand {
 }
 
 fn main() -> std::process::ExitCode {
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    if let Command::Doctor { args } = &cli.command {
+        return std::process::ExitCode::from(u8::try_from(hsiedge::doctor::main(args)).unwrap_or(1));
+    }
+    match run(cli) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("hsiedge: error: {e:#}");
@@ -360,6 +369,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             Ok(())
         }
+        Command::Doctor { .. } => Ok(()),
         Command::Env => {
             for v in hsiedge::config::ALL {
                 println!("{:<16} default: {}\n{:<16} {}", v.name, v.default, "", v.meaning);
