@@ -167,7 +167,7 @@ pub enum Status {
 
 impl fmt::Display for Status {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+        f.pad(match self {
             Self::Ok => "ok",
             Self::Info => "info",
             Self::Warn => "warn",

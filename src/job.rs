@@ -215,8 +215,10 @@ pub struct AutoBatch {
     pub plan: Plan,
     /// The measured runs the cost was fitted to.
     pub calibration: Option<Calibration>,
-    /// Bytes per unit the pipeline adds besides one run (queued input batches).
+    /// Bytes per unit the pipeline adds besides one run (queued input batches), at `batch_safe`.
     pub pipeline_bytes_per_unit: u64,
+    /// Bytes per unit of one run (its input, the engine's activations and workspaces, its output).
+    pub run_bytes_per_unit: u64,
     /// Fixed bytes the pipeline adds (maps, line cache, tile window).
     pub pipeline_fixed_bytes: u64,
 }
@@ -259,7 +261,14 @@ impl Job {
         let mut graph = graph;
         let plan = match spec.batch {
             BatchChoice::Auto => {
-                let auto = auto_batch(&SceneGeometry::of(&cube), &manifest, &mut graph, &run, &spec.budget)?;
+                let auto = auto_batch(
+                    &SceneGeometry::of(&cube),
+                    Some(&cube),
+                    &manifest,
+                    &mut graph,
+                    &run,
+                    &spec.budget,
+                )?;
                 run.batch = usize::try_from(auto.plan.batch_safe).unwrap_or(usize::MAX);
                 Some(auto)
             }
@@ -287,20 +296,8 @@ impl Job {
         };
         let adapt = governor.as_mut().map(|g| g as &mut dyn pipeline::Adapt);
         let root = self.spec.budget.root.clone();
-        let done = std::sync::atomic::AtomicBool::new(false);
-        let (result, peak) = std::thread::scope(|scope| {
-            // Sampling RssAnon catches the peak of a run without counting the mapped scene's pages.
-            let sampler = scope.spawn(|| {
-                let mut peak = anon_bytes(&root);
-                while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                    peak = peak.max(anon_bytes(&root));
-                    std::thread::sleep(std::time::Duration::from_millis(2));
-                }
-                peak.max(anon_bytes(&root))
-            });
-            let result = pipeline::run(&self.cube, &self.manifest, &mut self.graph, &self.run, progress, adapt);
-            done.store(true, std::sync::atomic::Ordering::Relaxed);
-            (result, sampler.join().unwrap_or(0))
+        let (result, peak) = with_peak_anon(&root, || {
+            pipeline::run(&self.cube, &self.manifest, &mut self.graph, &self.run, progress, adapt)
         });
         self.peak_anon_bytes = peak;
         self.adjustments = governor.map(|g| g.changes).unwrap_or_default();
@@ -523,6 +520,7 @@ impl SceneGeometry {
 /// unit fits.
 pub fn auto_batch(
     cube: &SceneGeometry,
+    scene: Option<&Cube>,
     manifest: &Manifest,
     graph: &mut Graph,
     run: &RunOptions,
@@ -562,77 +560,112 @@ pub fn auto_batch(
     .into_iter()
     .filter(|&b| own.saturating_add(prior.per_unit_bytes.saturating_mul(8 * b)) <= system.budget_bytes)
     .collect();
-    let layout = manifest.input.layout;
-    let calibration = if sizes.len() >= 2 {
-        let mut meter = budget::PeakMeter::new(root, system.cgroup.clone());
-        let (p, wh, ww) = match run.mode {
-            Mode::Patch => (manifest.patch, manifest.patch, manifest.patch),
-            Mode::Dense => (0, grid.window_h(), grid.window_w()),
-        };
-        let _ = p;
-        let cal = budget::calibrate(unit, &sizes, |b| -> Result<u64, JobError> {
-            let n = usize::try_from(b).unwrap_or(1);
-            // Touch every page: an untouched zeroed buffer would not count as resident.
-            let input = vec![0.5f32; n * in_per_unit];
-            meter.reset()?;
-            graph.run(&input, &layout.shape(n, bands, wh, ww))?;
-            Ok(meter.read()?.process_hwm_bytes)
-        })?;
-        Some(cal)
-    } else {
-        None
+    // Calibration runs the real pipeline (producer, queue, engine) for a few batches at each small
+    // size on the scene itself, so in-flight batches, the line cache and allocator behaviour are
+    // all in the measured peak.
+    // Each probe runs long enough (at least `queue + 3` batches and 2048 samples or 8 tiles) for
+    // the runtime's per-thread allocator heaps to reach their steady size.
+    let probe_units: u64 = if unit == Unit::Sample { 2048 } else { 8 };
+    let calibration = match (scene, sizes.len() >= 2) {
+        (Some(cube), true) => {
+            let cal = budget::calibrate(unit, &sizes, |b| -> Result<u64, JobError> {
+                let opts = RunOptions {
+                    batch: usize::try_from(b).unwrap_or(1),
+                    ..run.clone()
+                };
+                budget::reset_process_hwm(root)?;
+                let (result, sampled) = with_peak_anon(root, || {
+                    let batches = (run.queue + 3).max(usize::try_from(probe_units.div_ceil(b)).unwrap_or(1));
+                    pipeline::probe(cube, manifest, graph, &opts, batches)
+                });
+                result?;
+                // The high-water mark less the (reclaimable) file pages mapped by the end bounds the
+                // anonymous peak from below; the 2 ms samples catch it from inside the run.
+                let hwm = budget::read_process_hwm(root)?;
+                let file = status_kib(root, "RssFile:") + status_kib(root, "RssShmem:");
+                Ok(sampled.max(hwm.saturating_sub(file)))
+            })?;
+            Some(cal)
+        }
+        _ => None,
     };
     // Without calibration, the prior's per-unit cost is scaled by the largest workspace factor
     // measured on the shipped models, so the plan errs towards smaller batches.
-    let measured = match &calibration {
-        Some(c) => c.model.clone(),
-        None => CostModel {
-            per_unit_bytes: prior.per_unit_bytes.saturating_mul(PRIOR_WORKSPACE_FACTOR),
-            ..prior
-        },
-    };
+    let in_bytes = (in_per_unit * 4) as u64;
     let pixels = (cube.lines * cube.samples) as u64;
+    let scene_units = match run.mode {
+        Mode::Patch => pixels,
+        Mode::Dense => grid.len() as u64,
+    };
+    let in_flight_at = |b: u64| (run.queue as u64 + 1).min(scene_units.div_ceil(b.max(1)).saturating_sub(1));
+    let (measured, measured_fixed_pipeline) = match &calibration {
+        // The probes ran with `in_flight_at(b)` batches besides the running one: take their input
+        // buffers out of the slope, so the in-flight count can be set for the chosen batch.
+        Some(c) => {
+            let extra = sizes.iter().map(|&b| in_flight_at(b)).min().unwrap_or(0);
+            (
+                CostModel {
+                    per_unit_bytes: c.model.per_unit_bytes.saturating_sub(extra * in_bytes).max(1),
+                    ..c.model.clone()
+                },
+                true,
+            )
+        }
+        None => (
+            CostModel {
+                per_unit_bytes: prior.per_unit_bytes.saturating_mul(PRIOR_WORKSPACE_FACTOR),
+                ..prior
+            },
+            false,
+        ),
+    };
     let k = manifest.classes() as u64;
     let keeps_scores = run.keep_scores || manifest.task == Task::Abundance;
     let maps = pixels * (1 + 4 + 1) + if keeps_scores { pixels * k * 4 } else { 0 };
     let line_cache = ((grid.window_h() + 2 * grid.halo) * bands * cube.samples * 4) as u64;
     let window = (bands * grid.window_h() * grid.window_w() * 4) as u64;
-    let pipeline_fixed_bytes = maps + line_cache + window;
-    // A batch larger than the scene buys nothing and only reserves memory.
-    let scene_units = match run.mode {
-        Mode::Patch => pixels,
-        Mode::Dense => grid.len() as u64,
-    };
+    // In-place calibration measured the line cache and window already (maps come later, at run).
+    let pipeline_fixed_bytes = maps
+        + if measured_fixed_pipeline {
+            0
+        } else {
+            line_cache + window
+        };
     let choose = ChooseConfig {
         frag_margin: settings.frag_margin,
         max_units: settings.max_units.min(scene_units.max(1)),
         knee: None,
     };
     // Besides the batch being run, up to `queue + 1` more can be in flight (queued, and one being
-    // built) — but only as many as the scene has left: a scene of two batches never holds four.
-    // Take the most in-flight batches consistent with the batch they allow.
-    let in_bytes = (in_per_unit * 4) as u64;
-    let mut chosen = None;
-    for extra in (0..=run.queue as u64 + 1).rev() {
-        let cost = CostModel {
-            fixed_bytes: measured.fixed_bytes + pipeline_fixed_bytes,
-            per_unit_bytes: measured.per_unit_bytes + extra * in_bytes,
-            ..measured.clone()
-        };
-        let plan = Plan::build(&system, &cost, Some(&gcost), &choose)?;
-        let batches = scene_units.div_ceil(plan.batch_safe.max(1));
-        if extra == 0 || batches.saturating_sub(1) >= extra {
-            chosen = Some((plan, extra * in_bytes));
-            break;
+    // built) — but no more input than the scene has left: M(B) = F + B*run + in*min((q+1)*B, U-B).
+    // It rises with B (a run holds at least its own input), so the largest B that fits is found by
+    // bisection; the plan reports the straight line through M(B_safe).
+    let fixed = measured.fixed_bytes + pipeline_fixed_bytes;
+    let run_bytes = measured.per_unit_bytes;
+    let q1 = run.queue as u64 + 1;
+    let peak_at = |b: u64| fixed + b * run_bytes + in_bytes * (q1 * b).min(scene_units.saturating_sub(b));
+    let usable = system.budget_bytes - ((system.budget_bytes as f64) * settings.frag_margin).ceil() as u64;
+    let (mut lo, mut hi) = (0u64, choose.max_units);
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if peak_at(mid) <= usable {
+            lo = mid;
+        } else {
+            hi = mid - 1;
         }
     }
-    let Some((mut plan, pipeline_bytes_per_unit)) = chosen else {
-        return Err(JobError::Budget(BudgetError::Config {
-            field: "queue",
-            value: run.queue.to_string(),
-            why: "no in-flight batch count gives a plan",
-        }));
+    let per_unit_bytes = if lo > 0 {
+        (peak_at(lo) - fixed).div_ceil(lo)
+    } else {
+        run_bytes + q1 * in_bytes
     };
+    let cost = CostModel {
+        fixed_bytes: fixed,
+        per_unit_bytes,
+        ..measured.clone()
+    };
+    let mut plan = Plan::build(&system, &cost, Some(&gcost), &choose)?;
+    let pipeline_bytes_per_unit = per_unit_bytes - run_bytes;
     plan.mode = match run.mode {
         Mode::Patch => "patch".into(),
         Mode::Dense => "dense".into(),
@@ -641,6 +674,7 @@ pub fn auto_batch(
         plan,
         calibration,
         pipeline_bytes_per_unit,
+        run_bytes_per_unit: run_bytes,
         pipeline_fixed_bytes,
     })
 }
@@ -648,14 +682,38 @@ pub fn auto_batch(
 /// This process's anonymous resident memory (`RssAnon`): what the cost model counts. File-backed
 /// pages (the mapped scene, the ONNX Runtime library) are reclaimable and stay out of it.
 fn anon_bytes(root: &Path) -> u64 {
+    status_kib(root, "RssAnon:")
+}
+
+/// A `kB` field of `/proc/self/status`, in bytes (0 when absent).
+fn status_kib(root: &Path, field: &str) -> u64 {
     std::fs::read_to_string(root.join("proc/self/status"))
         .ok()
         .and_then(|s| {
             s.lines()
-                .find_map(|l| l.strip_prefix("RssAnon:"))
+                .find_map(|l| l.strip_prefix(field))
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         })
         .map_or(0, |kib| kib * 1024)
+}
+
+/// Runs `f` while sampling this process's `RssAnon` every 2 ms; returns its result and the peak.
+/// Sampling catches the peak of a run without counting the mapped scene's (reclaimable) pages.
+pub fn with_peak_anon<T>(root: &Path, f: impl FnOnce() -> T) -> (T, u64) {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut peak = anon_bytes(root);
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                peak = peak.max(anon_bytes(root));
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            peak.max(anon_bytes(root))
+        });
+        let result = f();
+        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        (result, sampler.join().unwrap_or(0))
+    })
 }
 
 /// The memory governor as a pipeline [`pipeline::Adapt`]: re-reads the budget every few batches
@@ -751,14 +809,32 @@ pub struct PlanRequest {
     pub budget: BudgetSettings,
     /// Plan training for this many classes with this optimizer instead of inference.
     pub train: Option<(u64, budget::Optimizer)>,
+    /// After planning, run the scene at batches from 1 to `batch_safe` and compare each measured
+    /// peak with the prediction.
+    pub verify: bool,
+}
+
+/// One row of `plan --verify`: predicted against measured peak at one batch.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct VerifyRow {
+    /// Batch (units).
+    pub batch: u64,
+    /// Batches in flight besides the running one at this batch on this scene.
+    pub in_flight: u64,
+    /// `M(B)` with that many in flight.
+    pub predicted_bytes: u64,
+    /// Peak `RssAnon` of a full run at this batch.
+    pub measured_bytes: u64,
+    /// `(measured - predicted) / predicted`.
+    pub error: f64,
 }
 
 /// `hsiedge plan`'s answer.
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(untagged)]
 pub enum PlanReport {
-    /// Inference: the calibrated plan.
-    Inference(Box<AutoBatch>),
+    /// Inference: the calibrated plan, and the verification rows when asked for.
+    Inference(Box<AutoBatch>, Vec<VerifyRow>),
     /// Training memory from the graph.
     Training(Box<budget::TrainingPlan>),
 }
@@ -766,8 +842,25 @@ pub enum PlanReport {
 impl std::fmt::Display for PlanReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Inference(a) => {
+            Self::Inference(a, rows) => {
                 write!(f, "{}", a.plan)?;
+                if !rows.is_empty() {
+                    write!(
+                        f,
+                        "\n  verify          batch  in-flight  predicted MiB  measured MiB   error"
+                    )?;
+                    for r in rows {
+                        write!(
+                            f,
+                            "\n                  {:>5}  {:>9}  {:>13.1}  {:>12.1}  {:>+6.1} %",
+                            r.batch,
+                            r.in_flight,
+                            r.predicted_bytes as f64 / 1048576.0,
+                            r.measured_bytes as f64 / 1048576.0,
+                            r.error * 100.0
+                        )?;
+                    }
+                }
                 if let Some(c) = &a.calibration {
                     let pts: Vec<String> = c
                         .samples
@@ -862,6 +955,92 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
             runtime.graph(&manifest, Role::Dense, &path)?
         }
     };
-    let auto = auto_batch(&geometry, &manifest, &mut graph, &run, &req.budget)?;
-    Ok(PlanReport::Inference(Box::new(auto)))
+    let scene_cube = match &req.scene {
+        Some(p) => Some(Cube::open(p)?),
+        None => None,
+    };
+    let auto = auto_batch(&geometry, scene_cube.as_ref(), &manifest, &mut graph, &run, &req.budget)?;
+    let mut rows = Vec::new();
+    if req.verify {
+        let scene = req.scene.as_ref().ok_or(JobError::Setting {
+            name: "--verify",
+            value: "".into(),
+            message: "needs --scene: the verification runs the scene at each batch".into(),
+        })?;
+        let cube = Cube::open(scene)?;
+        let grid = crate::tile::TileGrid::new(cube.lines(), cube.samples(), run.tile, manifest.halo);
+        let units = match mode {
+            Mode::Patch => (cube.lines() * cube.samples()) as u64,
+            Mode::Dense => grid.len() as u64,
+        };
+        let in_bytes = match mode {
+            Mode::Patch => cube.bands() * manifest.patch * manifest.patch * 4,
+            Mode::Dense => cube.bands() * grid.window_h() * grid.window_w() * 4,
+        } as u64;
+        let run_bytes = auto.run_bytes_per_unit;
+        let safe = auto.plan.batch_safe.max(1);
+        let mut batches: Vec<u64> = std::iter::successors(Some(1u64), |b| Some(b * 4))
+            .take_while(|b| *b < safe)
+            .collect();
+        batches.push(safe);
+        // Each batch runs in a fresh `hsiedge classify` process, so what one measurement leaves in
+        // the allocator cannot inflate the next.
+        let exe = std::env::current_exe().map_err(|source| {
+            JobError::Map(crate::map::MapError::Io {
+                path: PathBuf::from("/proc/self/exe"),
+                source,
+            })
+        })?;
+        let tmp = tempfile::tempdir().map_err(|source| {
+            JobError::Map(crate::map::MapError::Io {
+                path: std::env::temp_dir(),
+                source,
+            })
+        })?;
+        for b in batches {
+            let mut cmd = std::process::Command::new(&exe);
+            cmd.arg("classify")
+                .arg(scene)
+                .arg("--model")
+                .arg(&req.manifest)
+                .arg("--out")
+                .arg(tmp.path().join(format!("b{b}")))
+                .args(["--mode", if mode == Mode::Dense { "dense" } else { "patch" }])
+                .args(["--batch", &b.to_string(), "--tile", &req.tile.to_string(), "--json"]);
+            if let Some(lib) = &req.engine.ort_lib {
+                cmd.arg("--ort-lib").arg(lib);
+            }
+            if req.engine.threads > 0 {
+                cmd.args(["--threads", &req.engine.threads.to_string()]);
+            }
+            let out = cmd.output().map_err(|source| {
+                JobError::Map(crate::map::MapError::Io {
+                    path: exe.clone(),
+                    source,
+                })
+            })?;
+            let measured = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .ok()
+                .and_then(|v| v["peak_anon_bytes"].as_u64())
+                .ok_or_else(|| JobError::Setting {
+                    name: "--verify",
+                    value: format!("batch {b}"),
+                    message: format!(
+                        "the classify run failed: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                })?;
+            let in_flight = (run.queue as u64 + 1).min(units.div_ceil(b).saturating_sub(1));
+            let in_flight_units = ((run.queue as u64 + 1) * b).min(units.saturating_sub(b));
+            let predicted = auto.plan.fixed_bytes + b * run_bytes + in_flight_units * in_bytes;
+            rows.push(VerifyRow {
+                batch: b,
+                in_flight,
+                predicted_bytes: predicted,
+                measured_bytes: measured,
+                error: (measured as f64 - predicted as f64) / predicted as f64,
+            });
+        }
+    }
+    Ok(PlanReport::Inference(Box::new(auto), rows))
 }

@@ -134,6 +134,9 @@ enum Command {
         /// Optimizer whose state training holds (with --train): adam or sgd.
         #[arg(long, default_value = "adam")]
         optimizer: String,
+        /// Run the scene at batches from 1 to batch_safe and compare measured with predicted peaks.
+        #[arg(long, requires = "scene")]
+        verify: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -221,6 +224,7 @@ enum BenchCommand {
 }
 
 fn main() -> std::process::ExitCode {
+    hsiedge::ffi::pin_allocator_thresholds();
     let cli = Cli::parse();
     if let Command::Doctor { args } = &cli.command {
         return std::process::ExitCode::from(u8::try_from(hsiedge::doctor::main(args)).unwrap_or(1));
@@ -271,11 +275,13 @@ fn run(cli: Cli) -> Result<()> {
             train,
             classes,
             optimizer,
+            verify,
             json,
             engine,
             budget,
         } => {
             let req = hsiedge::job::PlanRequest {
+                verify,
                 manifest: model,
                 scene,
                 mode: parse_mode(&mode)?,

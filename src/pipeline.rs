@@ -199,6 +199,7 @@ pub fn produce_with(
     let (wh, ww) = (grid.window_h(), grid.window_w());
     let shape = WindowShape { bands, h: wh, w: ww };
     let mut cache: std::collections::BTreeMap<usize, Vec<f32>> = std::collections::BTreeMap::new();
+    let mut spare: Vec<Vec<f32>> = Vec::new();
     let mut window = vec![0f32; bands * wh * ww];
     let per_patch = bands * p * p;
     let per_tile = bands * wh * ww;
@@ -235,7 +236,7 @@ pub fn produce_with(
         let wanted = grid.window_lines(row);
         for &y in &wanted {
             cache.entry(y).or_insert_with(|| {
-                let mut line = vec![0f32; bands * samples];
+                let mut line = spare.pop().unwrap_or_else(|| vec![0f32; bands * samples]);
                 cube.read_line(y, &mut line);
                 for (b, chunk) in line.chunks_exact_mut(samples).enumerate() {
                     let (m, s) = (mean[b], inv_std[b]);
@@ -286,7 +287,14 @@ pub fn produce_with(
         } else {
             Default::default()
         };
-        cache.retain(|y, _| *y >= next_top || keep.contains(y));
+        let gone: Vec<usize> = cache
+            .keys()
+            .copied()
+            .filter(|y| *y < next_top && !keep.contains(y))
+            .collect();
+        // Evicted line buffers are reused for the next row's lines: a run allocates its line cache
+        // once instead of churning the allocator line by line.
+        spare.extend(gone.iter().filter_map(|y| cache.remove(y)));
     }
     if !batch.pixels.is_empty() || !batch.tiles.is_empty() {
         sink(finish(&mut batch, cap));
@@ -547,6 +555,34 @@ pub fn run(
     stats.inference_s = inference.as_secs_f64();
     stats.wait_s = wait.as_secs_f64();
     Ok((maps, stats))
+}
+
+/// Runs the first `batches` batches of a run at `opts.batch` through the real pipeline (producer
+/// thread, queue, engine) and discards the results: the memory plan's calibration measures a
+/// run's peak in place this way, in-flight batches included.
+pub fn probe(
+    cube: &Cube,
+    manifest: &Manifest,
+    graph: &mut Graph,
+    opts: &RunOptions,
+    batches: usize,
+) -> Result<(), PipelineError> {
+    check(cube, manifest, opts)?;
+    let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
+    std::thread::scope(|scope| -> Result<(), PipelineError> {
+        scope.spawn(move || produce(cube, manifest, opts, |b| tx.send(b).is_ok()));
+        for (i, batch) in rx.iter().enumerate().take(batches) {
+            graph
+                .run(&batch.data, &batch.shape)
+                .map_err(|source| PipelineError::Engine {
+                    batch: i,
+                    first_tile: batch.tiles.first().map(|t| (t.row, t.col)).unwrap_or_default(),
+                    source,
+                })?;
+        }
+        drop(rx);
+        Ok(())
+    })
 }
 
 #[cfg(test)]
