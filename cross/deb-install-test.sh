@@ -6,6 +6,7 @@
 # Usage: cross/deb-install-test.sh PATH/TO/hsiedge_VERSION_arm64.deb   (via `cross/run deb-install-test`)
 # The root is kept in target/deb-install/rootfs (second run: only the install steps); DEB_ROOT_FRESH=1 rebuilds it.
 set -euo pipefail
+status=0
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEB=${1:-}
 [ -n "$DEB" ] && [ -f "$DEB" ] || { echo "usage: $0 hsiedge_*_arm64.deb (run cross/run deb first)" >&2; exit 2; }
@@ -17,7 +18,7 @@ mkdir -p "$WORK"
 MIRROR=$(awk '/^URIs:/ && $2 ~ /debian\/?$/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 step() { printf '[deb-install-test] %s\n' "$*" | tee -a "$LOG" >&2; }
-t() { local s; s=$(date +%s); "$@"; step "  ($(( $(date +%s) - s )) s)"; }
+t() { local s rc=0; s=$(date +%s); "$@" || rc=$?; step "  ($(( $(date +%s) - s )) s)"; return $rc; }
 
 # proot: -0 fakes uid 0, -q runs guest code through qemu-aarch64; /proc, /sys, /dev from the host.
 in_root() {
@@ -106,14 +107,19 @@ if [ -f "$ORT" ]; then
         OUTD=$WORK/classify-out; rm -rf "$OUTD"
         # The packaged model is byte-identical to models/ (checked here); it is read through the bind.
         cmp "$RFS/usr/share/hsiedge/models/hybridsn_salinas_a/patch.onnx" "$ROOT/models/hybridsn_salinas_a/patch.onnx"
-        t in_root_b -b "$ROOT:$ROOT" -b "$SC:$SC" -- env ORT_DYLIB_PATH="$ORT" /usr/bin/hsiedge classify "$SC/salinas_a.hdr" \
+        if t in_root_b -b "$ROOT:$ROOT" -b "$SC:$SC" -- env ORT_DYLIB_PATH="$ORT" /usr/bin/hsiedge classify "$SC/salinas_a.hdr" \
             --model "$ROOT/models/hybridsn_salinas_a/manifest.json" --out "$OUTD" --threads 1 --json \
-            > "$WORK/classify.json" 2>>"$LOG"
-        step "  class map $(stat -c %s "$OUTD/class_map.img") bytes; first batch $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["first_batch_s"])' "$WORK/classify.json") s"
+            > "$WORK/classify.json" 2>>"$LOG"; then
+            step "  class map $(stat -c %s "$OUTD/class_map.img") bytes; first batch $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["first_batch_s"])' "$WORK/classify.json") s"
+        else
+            step "  classify FAILED: $(grep -a "error" "$LOG" | tail -n 1)"
+            status=1
+        fi
     fi
 fi
 rm -f "$RFS/usr/local/bin/hsiedge-doctor"
 step "dpkg --purge hsiedge"
 in_root dpkg --purge hsiedge 2>&1 | tee -a "$LOG"
 [ ! -e "$RFS/var/lib/hsiedge" ] && [ ! -e "$RFS/usr/bin/hsiedge" ] && step "purged: binary and state removed"
-step "OK (log: $LOG)"
+[ "$status" = 0 ] && step "OK (log: $LOG)" || step "FAILED steps above (log: $LOG)"
+exit "$status"
