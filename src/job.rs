@@ -712,7 +712,11 @@ pub fn with_peak_anon<T>(root: &Path, f: impl FnOnce() -> T) -> (T, u64) {
         });
         let result = f();
         done.store(true, std::sync::atomic::Ordering::Relaxed);
-        (result, sampler.join().unwrap_or(0))
+        // The high-water mark less the file pages mapped by now bounds the anonymous peak from
+        // below and catches a peak shorter than the sampling period.
+        let hwm = budget::read_process_hwm(root).unwrap_or(0);
+        let bound = hwm.saturating_sub(status_kib(root, "RssFile:") + status_kib(root, "RssShmem:"));
+        (result, sampler.join().unwrap_or(0).max(bound))
     })
 }
 

@@ -34,6 +34,9 @@ struct EngineArgs {
     /// Use ONNX Runtime's CPU memory arena (faster allocation, memory kept at its high-water mark).
     #[arg(long)]
     cpu_arena: bool,
+    /// Turn off ONNX Runtime's memory pattern (one planned block per input shape).
+    #[arg(long)]
+    no_memory_pattern: bool,
 }
 
 impl EngineArgs {
@@ -44,6 +47,7 @@ impl EngineArgs {
             provider: Provider::Cpu,
             spin: self.spin,
             cpu_arena: self.cpu_arena,
+            memory_pattern: !self.no_memory_pattern,
         }
     }
 }
