@@ -1,7 +1,7 @@
 //! Every environment variable hsiedge reads, declared in one place with its default and meaning.
 //!
 //! Readers elsewhere call [`EnvVar::get`]; nothing else in the crate touches `std::env::var`, so this
-//! table is the complete list (also printed by `hsiedge inspect --env`).
+//! table is the complete list (also printed by `hsiedge env`).
 
 use std::path::PathBuf;
 
@@ -42,13 +42,6 @@ pub const HSIEDGE_PYTHON: EnvVar = EnvVar {
     meaning: "Python interpreter asked where the onnxruntime package lives (last library fallback)",
 };
 
-/// Log verbosity for the runtime's own messages on stderr.
-pub const HSIEDGE_LOG: EnvVar = EnvVar {
-    name: "HSIEDGE_LOG",
-    default: "info",
-    meaning: "stderr log level: error, warn, info or debug",
-};
-
 /// Root of the shared benchmark data used by tests and `make demo` when present.
 pub const HSIEDGE_DATA: EnvVar = EnvVar {
     name: "HSIEDGE_DATA",
@@ -56,34 +49,16 @@ pub const HSIEDGE_DATA: EnvVar = EnvVar {
     meaning: "folder holding the real benchmark scenes (tests and demo use it when present)",
 };
 
-/// All variables, in the order `inspect --env` prints them.
-pub const ALL: &[EnvVar] = &[ORT_DYLIB_PATH, HSIEDGE_PYTHON, HSIEDGE_LOG, HSIEDGE_DATA];
+/// Intra-op threads when `--threads` is 0 (`cross/run test` sets 1: ONNX Runtime under
+/// qemu-aarch64 hangs building a session with a multi-threaded intra-op pool).
+pub const HSIEDGE_THREADS: EnvVar = EnvVar {
+    name: "HSIEDGE_THREADS",
+    default: "0 (one per core)",
+    meaning: "intra-op threads when --threads is 0",
+};
 
-/// Log levels understood by [`HSIEDGE_LOG`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LogLevel {
-    /// Only errors.
-    Error,
-    /// Errors and warnings (fallbacks, clamped settings).
-    Warn,
-    /// Normal progress messages.
-    Info,
-    /// Everything, including per-batch detail.
-    Debug,
-}
-
-impl LogLevel {
-    /// Parses a level name; unknown names give `None` so the caller can report the value.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "error" => Some(Self::Error),
-            "warn" | "warning" => Some(Self::Warn),
-            "info" => Some(Self::Info),
-            "debug" | "trace" => Some(Self::Debug),
-            _ => None,
-        }
-    }
-}
+/// All variables, in the order `hsiedge env` prints them.
+pub const ALL: &[EnvVar] = &[ORT_DYLIB_PATH, HSIEDGE_PYTHON, HSIEDGE_DATA, HSIEDGE_THREADS];
 
 #[cfg(test)]
 mod tests {
@@ -95,12 +70,5 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), ALL.len());
-    }
-
-    #[test]
-    fn log_levels_parse() {
-        assert_eq!(LogLevel::parse("WARN"), Some(LogLevel::Warn));
-        assert_eq!(LogLevel::parse("loud"), None);
-        assert!(LogLevel::Debug > LogLevel::Info);
     }
 }

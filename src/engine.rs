@@ -329,7 +329,7 @@ impl Runtime {
         };
         let mut b = Session::builder(&self.env).map_err(|e| g(e.to_string()))?;
         b = b
-            .with_optimization_level(GraphOptimizationLevel::Level3)
+            .with_optimization_level(GraphOptimizationLevel::All)
             .map_err(|e| g(e.to_string()))?;
         b = b
             .with_intra_op_spinning(self.options.spin)

@@ -40,15 +40,24 @@ struct EngineArgs {
 }
 
 impl EngineArgs {
-    fn options(&self) -> EngineOptions {
-        EngineOptions {
+    fn options(&self) -> Result<EngineOptions> {
+        let threads = match (self.threads, hsiedge::config::HSIEDGE_THREADS.get()) {
+            (0, Some(v)) => v.trim().parse::<usize>().with_context(|| {
+                format!(
+                    "{} = `{v}` is not a thread count",
+                    hsiedge::config::HSIEDGE_THREADS.name
+                )
+            })?,
+            (n, _) => n,
+        };
+        Ok(EngineOptions {
             ort_lib: self.ort_lib.clone(),
-            threads: self.threads,
+            threads,
             provider: Provider::Cpu,
             spin: self.spin,
             cpu_arena: self.cpu_arena,
             memory_pattern: !self.no_memory_pattern,
-        }
+        })
     }
 }
 
@@ -264,7 +273,7 @@ fn run(cli: Cli) -> Result<()> {
                 mode: parse_mode(&mode)?,
                 batch: parse_batch(&batch)?,
                 tile,
-                engine: engine.options(),
+                engine: engine.options()?,
                 labels,
                 keep_scores,
                 budget: budget.settings(),
@@ -290,7 +299,7 @@ fn run(cli: Cli) -> Result<()> {
                 scene,
                 mode: parse_mode(&mode)?,
                 tile,
-                engine: engine.options(),
+                engine: engine.options()?,
                 budget: budget.settings(),
                 train: if train {
                     let classes = classes.context("--train needs --classes K (the classes a batch should cover)")?;
@@ -357,7 +366,7 @@ fn run(cli: Cli) -> Result<()> {
                     mode: hsiedge::job::ModeChoice::Auto,
                     batch: hsiedge::job::BatchChoice::Auto,
                     tile,
-                    engine: engine.options(),
+                    engine: engine.options()?,
                     labels: None,
                     keep_scores: false,
                     budget: Default::default(),
