@@ -553,9 +553,22 @@ pub fn auto_batch(
     // The graph prior misses runtime workspaces (measured 2-5x short on the shipped models), so a
     // calibration run is made only where eight times the prior's per-unit cost fits on top of what
     // the process holds now: calibration never nears the wall.
+    // Samples are sized so each probe holds about 4, 16 and 48 MiB by the prior (at least 8, 32, 128
+    // samples): a cheap per-pixel model needs thousands of samples before its slope rises above the
+    // allocator's noise. Each size leaves the scene room for the queue to fill.
+    let sample_sizes = {
+        let per = prior.per_unit_bytes.saturating_mul(PRIOR_WORKSPACE_FACTOR).max(1);
+        let room = ((cube.lines * cube.samples) as u64 / (run.queue as u64 + 3)).max(1);
+        let mut v: Vec<u64> = [(4u64 << 20, 8u64), (16 << 20, 32), (48 << 20, 128)]
+            .iter()
+            .map(|&(t, min)| (t / per).max(min).min(room))
+            .collect();
+        v.dedup();
+        v
+    };
     let sizes: Vec<u64> = match unit {
-        Unit::Sample => [8u64, 32, 128],
-        Unit::Tile => [1u64, 2, 3],
+        Unit::Sample => sample_sizes,
+        Unit::Tile => vec![1u64, 2, 3],
     }
     .into_iter()
     .filter(|&b| own.saturating_add(prior.per_unit_bytes.saturating_mul(8 * b)) <= system.budget_bytes)
@@ -592,6 +605,10 @@ pub fn auto_batch(
     // Without calibration, the prior's per-unit cost is scaled by the largest workspace factor
     // measured on the shipped models, so the plan errs towards smaller batches.
     let in_bytes = (in_per_unit * 4) as u64;
+    let out_bytes = match run.mode {
+        Mode::Patch => manifest.classes() as u64 * 4,
+        Mode::Dense => (manifest.classes() * grid.tile_h * grid.tile_w * 4) as u64,
+    };
     let pixels = (cube.lines * cube.samples) as u64;
     let scene_units = match run.mode {
         Mode::Patch => pixels,
@@ -605,7 +622,12 @@ pub fn auto_batch(
             let extra = sizes.iter().map(|&b| in_flight_at(b)).min().unwrap_or(0);
             (
                 CostModel {
-                    per_unit_bytes: c.model.per_unit_bytes.saturating_sub(extra * in_bytes).max(1),
+                    // A run holds at least its own input and output, whatever the fit's noise says.
+                    per_unit_bytes: c
+                        .model
+                        .per_unit_bytes
+                        .saturating_sub(extra * in_bytes)
+                        .max(in_bytes + out_bytes),
                     ..c.model.clone()
                 },
                 true,
