@@ -553,13 +553,13 @@ pub fn auto_batch(
     // The graph prior misses runtime workspaces (measured 2-5x short on the shipped models), so a
     // calibration run is made only where eight times the prior's per-unit cost fits on top of what
     // the process holds now: calibration never nears the wall.
-    // Samples are sized so each probe holds about 4, 16 and 48 MiB by the prior (at least 8, 32, 128
+    // Samples are sized so each probe holds about 8, 32 and 96 MiB by the prior (at least 8, 32, 128
     // samples): a cheap per-pixel model needs thousands of samples before its slope rises above the
     // allocator's noise. Each size leaves the scene room for the queue to fill.
     let sample_sizes = {
         let per = prior.per_unit_bytes.saturating_mul(PRIOR_WORKSPACE_FACTOR).max(1);
         let room = ((cube.lines * cube.samples) as u64 / (run.queue as u64 + 3)).max(1);
-        let mut v: Vec<u64> = [(4u64 << 20, 8u64), (16 << 20, 32), (48 << 20, 128)]
+        let mut v: Vec<u64> = [(8u64 << 20, 8u64), (32 << 20, 32), (96 << 20, 128)]
             .iter()
             .map(|&(t, min)| (t / per).max(min).min(room))
             .collect();
