@@ -564,6 +564,11 @@ pub fn auto_batch(
             .map(|&(t, min)| (t / per).max(min).min(room))
             .collect();
         v.dedup();
+        if v.len() < 3 {
+            // A small scene caps every size at its room: spread them below it instead.
+            v = [room / 9, room / 3, room].iter().map(|&b| b.max(1)).collect();
+            v.dedup();
+        }
         v
     };
     let sizes: Vec<u64> = match unit {
