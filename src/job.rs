@@ -573,7 +573,7 @@ pub fn auto_batch(
     };
     let sizes: Vec<u64> = match unit {
         Unit::Sample => sample_sizes,
-        Unit::Tile => vec![1u64, 2, 3],
+        Unit::Tile => vec![1u64, 4, 8],
     }
     .into_iter()
     .filter(|&b| own.saturating_add(prior.per_unit_bytes.saturating_mul(8 * b)) <= system.budget_bytes)
