@@ -133,7 +133,7 @@ impl DoctorOptions {
             ld_library_path: std::env::var_os("LD_LIBRARY_PATH")
                 .map(|s| std::env::split_paths(&s).collect())
                 .unwrap_or_default(),
-            python_package: python_package_dir(),
+            python_package: engine::python_onnxruntime_dir(),
             requirement,
             load: true,
         }
@@ -670,21 +670,6 @@ fn python_site_dirs(opts: &DoctorOptions) -> Vec<PathBuf> {
         }
     }
     out
-}
-
-/// Asks the configured Python where `onnxruntime` lives (the engine's last fallback).
-fn python_package_dir() -> Option<PathBuf> {
-    let python = config::HSIEDGE_PYTHON.get().unwrap_or_else(|| "python3".into());
-    let out = std::process::Command::new(python)
-        .args([
-            "-c",
-            "import importlib.util as u, os; s = u.find_spec('onnxruntime'); print(os.path.dirname(s.origin) if s else '')",
-        ])
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
-    let dir = String::from_utf8(out.stdout).ok()?.trim().to_string();
-    (!dir.is_empty()).then(|| PathBuf::from(dir))
 }
 
 /// The version in a library's file name (following symlinks, relative ones under the root).

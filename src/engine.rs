@@ -197,7 +197,8 @@ fn system_lib_dirs() -> Vec<PathBuf> {
     v
 }
 
-fn python_onnxruntime_dir() -> Option<PathBuf> {
+/// Asks the configured Python (`HSIEDGE_PYTHON`, else `python3`) where its `onnxruntime` package lives.
+pub fn python_onnxruntime_dir() -> Option<PathBuf> {
     let python = config::HSIEDGE_PYTHON.get().unwrap_or_else(|| "python3".into());
     let out = std::process::Command::new(python)
         .args([

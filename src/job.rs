@@ -8,7 +8,7 @@ use crate::budget::{self, Adjustment, BudgetConfig, BudgetError, Calibration, Ch
 use crate::cube::{Cube, CubeError};
 use crate::engine::{EngineError, EngineOptions, Graph, Runtime};
 use crate::graph::{self, GraphError, ShapeBindings};
-use crate::map::{MapError, Staged, Written};
+use crate::map::{MapError, Staged};
 use crate::model::{Manifest, ModelError, Role, Task};
 use crate::pipeline::{self, Maps, Mode, PipelineError, RunOptions, RunStats};
 
@@ -304,11 +304,6 @@ impl Job {
         Ok(result?)
     }
 
-    /// The batch changes the governor made during the last [`Job::infer`].
-    pub fn last_adjustments(&self) -> &[Adjustment] {
-        &self.adjustments
-    }
-
     /// Writes the maps and `summary.json` atomically into the output folder and returns the summary.
     pub fn write(&self, maps: &Maps, stats: &RunStats) -> Result<Summary, JobError> {
         let t0 = Instant::now();
@@ -470,18 +465,6 @@ pub struct Summary {
     pub batch_plan: Option<AutoBatch>,
     /// Batch changes made while running, with their causes.
     pub batch_changes: Vec<Adjustment>,
-}
-
-impl Summary {
-    /// The written map paths.
-    pub fn written(&self) -> Written {
-        Written {
-            class_map: self.class_map.clone(),
-            confidence_map: self.confidence_map.clone(),
-            scores_map: self.scores_map.clone(),
-            quicklook: self.quicklook.clone(),
-        }
-    }
 }
 
 /// How much more than the graph's activation peak a run really holds per unit (im2col and

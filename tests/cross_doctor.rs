@@ -1,7 +1,8 @@
 //! `hsiedge doctor` on fake system trees (`tests/fixtures/doctor/`), through the library API and the binary.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use hsiedge::doctor::{DoctorOptions, Report, Requirement, Status, run};
 use hsiedge::engine::LibSource;
@@ -159,28 +160,10 @@ fn onnxruntime_older_than_1_18_fails() {
     assert!(c.details.iter().any(|d| d.contains(">= 1.18")), "{c:?}");
 }
 
-/// The binary; `HSIEDGE_TEST_RUNNER` (e.g. `qemu-aarch64 -L /usr/aarch64-linux-gnu`, set by `cross/run test`)
-/// prefixes it: a process emulated by qemu-user cannot `exec` another foreign binary without binfmt_misc.
-fn hsiedge() -> Command {
-    let bin = env!("CARGO_BIN_EXE_hsiedge");
-    match std::env::var("HSIEDGE_TEST_RUNNER")
-        .ok()
-        .filter(|s| !s.trim().is_empty())
-    {
-        Some(runner) => {
-            let mut parts = runner.split_whitespace();
-            let mut c = Command::new(parts.next().unwrap_or("env"));
-            c.args(parts).arg(bin);
-            c
-        }
-        None => Command::new(bin),
-    }
-}
-
 /// The binary's `doctor` subcommand, when the engine owner has wired it (`hsiedge doctor --root DIR`).
 #[test]
 fn binary_doctor_subcommand() {
-    let mut cmd = hsiedge();
+    let mut cmd = common::hsiedge();
     let help = cmd.arg("--help").output().expect("spawn hsiedge");
     if !String::from_utf8_lossy(&help.stdout).contains("doctor") {
         eprintln!("hsiedge has no doctor subcommand yet; skipping");
@@ -192,7 +175,7 @@ fn binary_doctor_subcommand() {
         ("xavier_nx_jp5", "cuda", 1),
         ("x86_host_no_ort", "cpu", 1),
     ] {
-        let mut cmd = hsiedge();
+        let mut cmd = common::hsiedge();
         let out = cmd
             .args(["doctor", "--json", "--provider", provider, "--root"])
             .arg(fixture(root))

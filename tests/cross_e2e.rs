@@ -10,31 +10,13 @@
 //! Class maps must be equal byte for byte; confidences (float32 softmax maxima) may differ by the rounding of
 //! the two CPUs' kernels (MLAS NEON vs AVX), bounded by [`CONFIDENCE_TOLERANCE`].
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Largest allowed |confidence_aarch64 - confidence_x86_64|.
 const CONFIDENCE_TOLERANCE: f32 = 1e-4;
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn under_test() -> Command {
-    let bin = env!("CARGO_BIN_EXE_hsiedge");
-    match std::env::var("HSIEDGE_TEST_RUNNER")
-        .ok()
-        .filter(|s| !s.trim().is_empty())
-    {
-        Some(runner) => {
-            let mut parts = runner.split_whitespace();
-            let mut c = Command::new(parts.next().unwrap_or("env"));
-            c.args(parts).arg(bin);
-            c
-        }
-        None => Command::new(bin),
-    }
-}
 
 fn classify(mut cmd: Command, scene: &Path, model: &Path, out: &Path) -> serde_json::Value {
     let o = cmd
@@ -73,14 +55,14 @@ fn salinas_a_class_map_matches_host() {
         eprintln!("skipped: HSIEDGE_E2E_HOST_BIN / HSIEDGE_E2E_HOST_ORT not set (cross/run test sets them)");
         return;
     };
-    let data = std::env::var_os("HSIEDGE_DATA").map_or_else(|| root().join("../shared/data"), PathBuf::from);
+    let data = std::env::var_os("HSIEDGE_DATA").map_or_else(|| common::root().join("../shared/data"), PathBuf::from);
     let scene = data.join("salinas_a/salinas_a.hdr");
     if !scene.is_file() {
         assert!(std::env::var("CI").is_err(), "CI must have {}", scene.display());
         eprintln!("skipped: {} not present", scene.display());
         return;
     }
-    let mut models: Vec<PathBuf> = std::fs::read_dir(root().join("models"))
+    let mut models: Vec<PathBuf> = std::fs::read_dir(common::root().join("models"))
         .expect("models/")
         .filter_map(|e| e.ok().map(|e| e.path().join("manifest.json")))
         .filter(|m| m.is_file() && m.parent().and_then(|p| p.file_name()).is_some_and(|n| n != "fixtures"))
@@ -102,7 +84,7 @@ fn salinas_a_class_map_matches_host() {
             .unwrap_or("model");
         let ours = tmp.path().join(format!("{name}-test"));
         let host = tmp.path().join(format!("{name}-host"));
-        let a = classify(under_test(), &scene, model, &ours);
+        let a = classify(common::hsiedge(), &scene, model, &ours);
         let mut hc = Command::new(&host_bin);
         hc.env("ORT_DYLIB_PATH", &host_ort);
         let b = classify(hc, &scene, model, &host);
