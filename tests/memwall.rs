@@ -31,8 +31,12 @@ fn available() -> bool {
         eprintln!("skipped: memory-wall tests run natively, not under an emulator");
         return false;
     }
-    let probe = Path::new(CGROUP_ROOT).join(format!("hsiedge-probe-{}", std::process::id()));
-    let writable = std::fs::create_dir(&probe).is_ok() && std::fs::remove_dir(&probe).is_ok();
+    // Probed once per process: the tests run on parallel threads and would race on the probe.
+    static WRITABLE: OnceLock<bool> = OnceLock::new();
+    let writable = *WRITABLE.get_or_init(|| {
+        let probe = Path::new(CGROUP_ROOT).join(format!("hsiedge-probe-{}", std::process::id()));
+        std::fs::create_dir(&probe).is_ok() && std::fs::remove_dir(&probe).is_ok()
+    });
     let ok = Path::new(CGROUP_ROOT).join("memory.limit_in_bytes").is_file() && writable && hybridsn().is_some();
     assert!(
         ok || std::env::var("CI").is_err(),
