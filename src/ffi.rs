@@ -1,8 +1,9 @@
-//! The crate's only `unsafe` boundary with the operating system: read-only file mappings and the
-//! C allocator's tunables.
+//! The crate's only `unsafe` boundary: read-only file mappings, the C allocator's tunables, thread
+//! priority, and the one ONNX Runtime call the `ort` crate does not wrap (registering a CPU arena
+//! that grows by what is asked, not by powers of two).
 //!
-//! ONNX Runtime is reached through the `ort` crate, whose safe API releases its handles in `Drop`;
-//! what remains unsafe in hsiedge is mapping a file into memory, and it lives here alone.
+//! ONNX Runtime is otherwise reached through the `ort` crate, whose safe API releases its handles in
+//! `Drop`; here, status codes become `Result`s and the arena configuration is released in `Drop`.
 
 use std::fs::File;
 
@@ -42,4 +43,108 @@ pub fn pin_allocator_thresholds() {
             libc::mallopt(libc::M_TRIM_THRESHOLD, THRESHOLD);
         }
     }
+}
+
+/// Raises the calling thread's nice value by `increment` (Linux threads have their own).
+///
+/// Lowering a thread's priority needs no privilege; raising it back would, so callers use this
+/// only for threads whose work may wait.
+pub fn lower_thread_priority(increment: i32) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: gettid has no preconditions and cannot fail.
+        let tid = unsafe { libc::gettid() };
+        let who = libc::id_t::try_from(tid).map_err(|_| std::io::Error::other("negative thread id"))?;
+        // SAFETY: getpriority/setpriority read and change a scheduling attribute of this thread
+        // only; errno is cleared first because -1 is a valid nice value.
+        unsafe {
+            *libc::__errno_location() = 0;
+            let now = libc::getpriority(libc::PRIO_PROCESS, who);
+            if now == -1 && *libc::__errno_location() != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::setpriority(libc::PRIO_PROCESS, who, (now + increment).min(19)) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = increment;
+    Ok(())
+}
+
+/// An ONNX Runtime call that returned an error status.
+#[derive(Debug, thiserror::Error)]
+#[error("ONNX Runtime `{call}`: {message}")]
+pub struct OrtCallError {
+    /// The C API function.
+    pub call: &'static str,
+    /// ONNX Runtime's message.
+    pub message: String,
+}
+
+/// Turns an `OrtStatus` into a `Result`, releasing the status.
+fn ort_status(call: &'static str, status: ort::sys::OrtStatusPtr) -> Result<(), OrtCallError> {
+    if status.0.is_null() {
+        return Ok(());
+    }
+    let api = ort::api();
+    // SAFETY: a non-null status returned by the C API is owned by the caller; its message is a
+    // NUL-terminated string that lives until the status is released, which happens right after
+    // the message is copied.
+    let message = unsafe {
+        let text = std::ffi::CStr::from_ptr((api.GetErrorMessage)(status.0))
+            .to_string_lossy()
+            .into_owned();
+        (api.ReleaseStatus)(status.0);
+        text
+    };
+    Err(OrtCallError { call, message })
+}
+
+/// An `OrtArenaCfg`, released on drop.
+struct ArenaCfg(*mut ort::sys::OrtArenaCfg);
+
+impl Drop for ArenaCfg {
+    fn drop(&mut self) {
+        // SAFETY: the pointer came from CreateArenaCfgV2, is non-null and released exactly once.
+        unsafe { (ort::api().ReleaseArenaCfg)(self.0) }
+    }
+}
+
+/// Registers with `env` a shared CPU arena that extends by exactly what is requested
+/// (`kSameAsRequested`); sessions built with `session.use_env_allocators = 1` allocate from it.
+///
+/// The default arena rounds every extension up to a power of two, so its footprint is a step
+/// function of the batch and up to twice the need; without any arena every run's large blocks are
+/// fresh mappings the kernel faults and zeroes page by page. This one holds what the largest run
+/// needed and reuses it.
+pub fn register_cpu_arena(env: &ort::environment::Environment) -> Result<(), OrtCallError> {
+    use ort::AsPointer;
+    let api = ort::api();
+    let keys = [c"arena_extend_strategy".as_ptr(), c"max_mem".as_ptr()];
+    // 1 = kSameAsRequested; max_mem 0 lets ONNX Runtime pick (no cap: the memory plan caps the batch).
+    let values: [usize; 2] = [1, 0];
+    let mut raw = std::ptr::null_mut();
+    // SAFETY: keys and values are arrays of the stated length that outlive the call; `raw` receives
+    // an owned configuration on success, wrapped at once so it is released in Drop.
+    ort_status("CreateArenaCfgV2", unsafe {
+        (api.CreateArenaCfgV2)(keys.as_ptr(), values.as_ptr(), keys.len(), &mut raw)
+    })?;
+    let cfg = ArenaCfg(raw);
+    let info = ort::memory::MemoryInfo::new(
+        ort::memory::AllocationDevice::CPU,
+        0,
+        ort::memory::AllocatorType::Arena,
+        ort::memory::MemoryType::Default,
+    )
+    .map_err(|e| OrtCallError {
+        call: "CreateMemoryInfo",
+        message: e.to_string(),
+    })?;
+    // SAFETY: env and info are live handles owned by safe wrappers that outlive the call; ONNX
+    // Runtime copies the configuration, so `cfg` may be released afterwards.
+    ort_status("CreateAndRegisterAllocator", unsafe {
+        (api.CreateAndRegisterAllocator)(env.ptr().cast_mut(), info.ptr(), cfg.0)
+    })
 }

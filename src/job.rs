@@ -19,6 +19,11 @@ pub const DEFAULT_DENSE_BATCH: usize = 1;
 /// Default tile side.
 pub const DEFAULT_TILE: usize = 64;
 
+/// Batches the tiling thread may hold ready ahead of the engine. One is enough to hide tiling
+/// (the tiling thread runs in the engine's idle gaps and is rarely further ahead), and every
+/// extra batch in flight is memory the budget must set aside.
+pub const QUEUE_DEPTH: usize = 1;
+
 /// Errors of a job, each naming what failed.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -244,8 +249,9 @@ impl Job {
             mode,
             batch,
             tile: spec.tile,
-            queue: 2,
+            queue: QUEUE_DEPTH,
             keep_scores: spec.keep_scores || manifest.task == Task::Abundance,
+            producer_nice: spec.engine.producer_nice,
         };
         pipeline::check(&cube, &manifest, &run)?;
         let runtime = Runtime::new(spec.engine.clone())?;
@@ -714,14 +720,17 @@ pub fn with_peak_anon<T>(root: &Path, f: impl FnOnce() -> T) -> (T, u64) {
     std::thread::scope(|scope| {
         let sampler = scope.spawn(|| {
             let mut peak = anon_bytes(root);
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
                 peak = peak.max(anon_bytes(root));
-                std::thread::sleep(std::time::Duration::from_millis(2));
+                // Parked rather than asleep, so the end of `f` wakes it at once and the caller
+                // does not wait out a sampling period.
+                std::thread::park_timeout(std::time::Duration::from_millis(2));
             }
             peak.max(anon_bytes(root))
         });
         let result = f();
-        done.store(true, std::sync::atomic::Ordering::Relaxed);
+        done.store(true, std::sync::atomic::Ordering::Release);
+        sampler.thread().unpark();
         // The high-water mark less the file pages mapped by now bounds the anonymous peak from
         // below and catches a peak shorter than the sampling period.
         let hwm = budget::read_process_hwm(root).unwrap_or(0);
@@ -956,8 +965,9 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
         mode,
         batch: 1,
         tile: req.tile,
-        queue: 2,
+        queue: QUEUE_DEPTH,
         keep_scores: manifest.task == Task::Abundance,
+        producer_nice: req.engine.producer_nice,
     };
     let runtime = Runtime::new(req.engine.clone())?;
     let mut graph = match mode {

@@ -31,12 +31,17 @@ struct EngineArgs {
     /// Let idle ONNX Runtime threads spin-wait (faster alone, slower beside the tiling thread).
     #[arg(long)]
     spin: bool,
-    /// Use ONNX Runtime's CPU memory arena (faster allocation, memory kept at its high-water mark).
-    #[arg(long)]
-    cpu_arena: bool,
+    /// CPU memory arena: exact (one shared arena grown by what is asked), pow2 (ONNX Runtime's
+    /// default, grown by powers of two) or off (every run maps its blocks afresh).
+    #[arg(long, default_value = "exact", value_parser = clap::value_parser!(hsiedge::engine::Arena))]
+    arena: hsiedge::engine::Arena,
     /// Turn off ONNX Runtime's memory pattern (one planned block per input shape).
     #[arg(long)]
     no_memory_pattern: bool,
+    /// Nice increment of the tiling thread (0: none; use 0 where
+    /// other processes keep every core busy).
+    #[arg(long, default_value_t = hsiedge::engine::DEFAULT_PRODUCER_NICE, value_parser = clap::value_parser!(i32).range(0..=19))]
+    producer_nice: i32,
 }
 
 impl EngineArgs {
@@ -55,8 +60,9 @@ impl EngineArgs {
             threads,
             provider: Provider::Cpu,
             spin: self.spin,
-            cpu_arena: self.cpu_arena,
+            arena: self.arena,
             memory_pattern: !self.no_memory_pattern,
+            producer_nice: self.producer_nice,
         })
     }
 }

@@ -104,6 +104,8 @@ pub struct RunOptions {
     pub queue: usize,
     /// Keep every output channel (abundances are always kept).
     pub keep_scores: bool,
+    /// Nice increment of the producer thread (0: none).
+    pub producer_nice: i32,
 }
 
 /// A batch ready for the engine, with where each of its samples lands.
@@ -178,16 +180,22 @@ pub trait Adapt {
 /// Builds batches for `manifest` over `cube` and hands each to `sink`; stops early when `sink`
 /// returns `false`. Runs on the calling thread.
 pub fn produce(cube: &Cube, manifest: &Manifest, opts: &RunOptions, sink: impl FnMut(Batch) -> bool) {
-    produce_with(cube, manifest, opts, &AtomicUsize::new(opts.batch), sink)
+    produce_with(cube, manifest, opts, &AtomicUsize::new(opts.batch), None, sink)
 }
 
 /// [`produce`], with the batch size read from `target` as each batch starts, so a governor on
-/// another thread can change it.
+/// another thread can change it, and batch buffers taken back from `recycle` when one there fits.
+///
+/// Reusing the engine's spent buffers keeps a steady run off the allocator: a fresh batch buffer
+/// is a fresh mapping, faulted and zeroed by the kernel page by page and unmapped after its run,
+/// which costs the engine's threads TLB shootdowns. A buffer more than a quarter larger than the
+/// batch needs is dropped, so memory given back when the governor shrinks the batch stays given.
 pub fn produce_with(
     cube: &Cube,
     manifest: &Manifest,
     opts: &RunOptions,
     target: &AtomicUsize,
+    recycle: Option<&crossbeam_channel::Receiver<Vec<f32>>>,
     mut sink: impl FnMut(Batch) -> bool,
 ) {
     let grid = grid_for(cube, manifest, opts);
@@ -200,14 +208,31 @@ pub fn produce_with(
     let shape = WindowShape { bands, h: wh, w: ww };
     let mut cache: std::collections::BTreeMap<usize, Vec<f32>> = std::collections::BTreeMap::new();
     let mut spare: Vec<Vec<f32>> = Vec::new();
-    let mut window = vec![0f32; bands * wh * ww];
+    let mut window = match opts.mode {
+        Mode::Patch => vec![0f32; bands * wh * ww],
+        Mode::Dense => Vec::new(),
+    };
     let per_patch = bands * p * p;
     let per_tile = bands * wh * ww;
-    let new_batch = |cap: usize, per: usize| Batch {
-        data: Vec::with_capacity(cap * per),
-        shape: Vec::new(),
-        pixels: Vec::new(),
-        tiles: Vec::new(),
+    let new_batch = |cap: usize, per: usize| {
+        let need = cap * per;
+        let reused = recycle.and_then(|r| {
+            r.try_iter()
+                .find(|v| v.capacity() >= need && v.capacity() <= need + need / 4)
+        });
+        let data = match reused {
+            Some(mut v) => {
+                v.clear();
+                v
+            }
+            None => Vec::with_capacity(need),
+        };
+        Batch {
+            data,
+            shape: Vec::new(),
+            pixels: Vec::with_capacity(if opts.mode == Mode::Patch { cap } else { 0 }),
+            tiles: Vec::new(),
+        }
     };
     let cap_now = || target.load(Ordering::Relaxed).max(1);
     let mut cap = cap_now();
@@ -250,10 +275,13 @@ pub fn produce_with(
         let refs: Vec<&[f32]> = wanted.iter().filter_map(|y| cache.get(y).map(Vec::as_slice)).collect();
         for col in 0..grid.cols {
             let rect = grid.rect(row, col);
-            fill_window(&refs, &grid.window_samples(col), bands, samples, &mut window);
             match opts.mode {
                 Mode::Dense => {
-                    batch.data.extend_from_slice(&window);
+                    // Straight into the batch: a window is megabytes, and a copy through a
+                    // scratch buffer would write it twice.
+                    let at = batch.data.len();
+                    batch.data.resize(at + per_tile, 0.0);
+                    fill_window(&refs, &grid.window_samples(col), bands, samples, &mut batch.data[at..]);
                     batch.tiles.push(rect);
                     if batch.tiles.len() >= cap {
                         cap = cap_now();
@@ -263,11 +291,10 @@ pub fn produce_with(
                     }
                 }
                 Mode::Patch => {
+                    fill_window(&refs, &grid.window_samples(col), bands, samples, &mut window);
                     for i in 0..rect.h {
                         for j in 0..rect.w {
-                            let at = batch.data.len();
-                            batch.data.resize(at + per_patch, 0.0);
-                            gather_patch(&window, shape, i, j, p, &mut batch.data[at..]);
+                            gather_patch(&window, shape, i, j, p, &mut batch.data);
                             batch.pixels.push((rect.y0 + i, rect.x0 + j));
                             if batch.pixels.len() >= cap {
                                 cap = cap_now();
@@ -495,11 +522,20 @@ pub fn run(
     };
     let target = AtomicUsize::new(opts.batch);
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
+    // Spent buffers go back to the producer; at most as many as can be in flight.
+    let (back_tx, back_rx) = crossbeam_channel::bounded::<Vec<f32>>(opts.queue + 1);
     let mut inference = Duration::ZERO;
     let mut wait = Duration::ZERO;
     let result = std::thread::scope(|scope| -> Result<(), PipelineError> {
-        let target = &target;
-        scope.spawn(move || produce_with(cube, manifest, opts, target, |b| tx.send(b).is_ok()));
+        let (target, back_rx) = (&target, &back_rx);
+        scope.spawn(move || {
+            // The producer steps back so it fills the engine threads' idle gaps instead of
+            // preempting them mid-operator (a preempted intra-op thread stalls the whole operator).
+            if opts.producer_nice > 0 {
+                let _ = crate::ffi::lower_thread_priority(opts.producer_nice);
+            }
+            produce_with(cube, manifest, opts, target, Some(back_rx), |b| tx.send(b).is_ok())
+        });
         loop {
             let t0 = Instant::now();
             let Ok(batch) = rx.recv() else { break };
@@ -543,9 +579,13 @@ pub fn run(
                     if next != now {
                         target.store(next, Ordering::Relaxed);
                     }
+                    if next < now {
+                        graph.shrink_arena_after_next_run();
+                    }
                 }
                 from = to;
             }
+            let _ = back_tx.try_send(batch.data);
         }
         Ok(())
     });
@@ -569,9 +609,15 @@ pub fn probe(
 ) -> Result<(), PipelineError> {
     check(cube, manifest, opts)?;
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
+    let (back_tx, back_rx) = crossbeam_channel::bounded::<Vec<f32>>(opts.queue + 1);
+    let target = AtomicUsize::new(opts.batch);
     std::thread::scope(|scope| -> Result<(), PipelineError> {
-        scope.spawn(move || produce(cube, manifest, opts, |b| tx.send(b).is_ok()));
+        let (target, back_rx) = (&target, &back_rx);
+        scope.spawn(move || produce_with(cube, manifest, opts, target, Some(back_rx), |b| tx.send(b).is_ok()));
         for (i, batch) in rx.iter().enumerate().take(batches) {
+            // Each probe leaves the arena as it found it: what an earlier (smaller) size held
+            // would otherwise count in the next size's peak.
+            graph.shrink_arena_after_next_run();
             graph
                 .run(&batch.data, &batch.shape)
                 .map_err(|source| PipelineError::Engine {
@@ -579,6 +625,7 @@ pub fn probe(
                     first_tile: batch.tiles.first().map(|t| (t.row, t.col)).unwrap_or_default(),
                     source,
                 })?;
+            let _ = back_tx.try_send(batch.data);
         }
         drop(rx);
         Ok(())

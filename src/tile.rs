@@ -136,12 +136,25 @@ impl TileGrid {
 pub fn fill_window(lines: &[&[f32]], cols: &[usize], bands: usize, samples: usize, out: &mut [f32]) {
     let (wh, ww) = (lines.len(), cols.len());
     debug_assert_eq!(out.len(), bands * wh * ww);
+    // Runs of consecutive source columns (the interior; reflected borders are runs of one) are
+    // copied whole.
+    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+    for (at, &x) in cols.iter().enumerate() {
+        match runs.last_mut() {
+            Some((start, src, len)) if *start + *len == at && *src + *len == x => *len += 1,
+            _ => runs.push((at, x, 1)),
+        }
+    }
     for band in 0..bands {
         for (dy, line) in lines.iter().enumerate() {
             let src = &line[band * samples..(band + 1) * samples];
             let dst = &mut out[(band * wh + dy) * ww..(band * wh + dy + 1) * ww];
-            for (d, &x) in dst.iter_mut().zip(cols) {
-                *d = src[x];
+            for &(at, x, len) in &runs {
+                if len == 1 {
+                    dst[at] = src[x];
+                } else {
+                    dst[at..at + len].copy_from_slice(&src[x..x + len]);
+                }
             }
         }
     }
@@ -158,16 +171,17 @@ pub struct WindowShape {
     pub w: usize,
 }
 
-/// Copies the `p x p` patch whose top-left corner is window position (`y`, `x`) into `out`
-/// (`bands x p x p`). The patch of output pixel (i, j) of a tile starts at window (i, j).
-pub fn gather_patch(window: &[f32], shape: WindowShape, y: usize, x: usize, p: usize, out: &mut [f32]) {
+/// Appends to `out` the `p x p` patch (`bands x p x p`) whose top-left corner is window position
+/// (`y`, `x`). The patch of output pixel (i, j) of a tile starts at window (i, j).
+///
+/// Appending (into a buffer whose capacity is reserved) writes each value once; resizing first
+/// and copying after would write the batch twice.
+pub fn gather_patch(window: &[f32], shape: WindowShape, y: usize, x: usize, p: usize, out: &mut Vec<f32>) {
     let WindowShape { bands, h: wh, w: ww } = shape;
-    debug_assert_eq!(out.len(), bands * p * p);
     for band in 0..bands {
         for i in 0..p {
             let src = (band * wh + y + i) * ww + x;
-            let dst = (band * p + i) * p;
-            out[dst..dst + p].copy_from_slice(&window[src..src + p]);
+            out.extend_from_slice(&window[src..src + p]);
         }
     }
 }
@@ -232,7 +246,7 @@ mod tests {
                 let rect = g.rect(row, col);
                 for i in 0..rect.h {
                     for j in 0..rect.w {
-                        let mut patch = vec![0f32; bands * p * p];
+                        let mut patch = Vec::new();
                         gather_patch(
                             &win,
                             WindowShape {

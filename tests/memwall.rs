@@ -193,6 +193,11 @@ fn auto_batch_completes_under_three_limits_and_uses_its_budget() {
         }
         ratios.sort_by(f64::total_cmp);
         let median = ratios[ratios.len() / 2];
+        eprintln!(
+            "limit {limit_mib} MiB: batches {batches:?}, peak/budget min {:.3} median {median:.3} max {:.3}",
+            ratios[0],
+            ratios[ratios.len() - 1]
+        );
         assert!(
             median >= 0.70,
             "limit {limit_mib} MiB: median peak/budget {median:.3} is below 70 % (timid)"

@@ -200,16 +200,26 @@ impl Cube {
 /// Decodes `out.len()` consecutive samples of `dt` from `bytes`.
 pub fn decode(bytes: &[u8], dt: DataType, order: ByteOrder, out: &mut [f32]) {
     macro_rules! run {
-        ($t:ty, $n:literal) => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact($n)) {
-                let mut a = [0u8; $n];
-                a.copy_from_slice(c);
-                *o = match order {
-                    ByteOrder::Little => <$t>::from_le_bytes(a),
-                    ByteOrder::Big => <$t>::from_be_bytes(a),
-                } as f32;
+        ($t:ty, $n:literal) => {{
+            // The byte order is decided once per call, not per sample, so the loop vectorises.
+            let pairs = out.iter_mut().zip(bytes.chunks_exact($n));
+            match order {
+                ByteOrder::Little => {
+                    for (o, c) in pairs {
+                        let mut a = [0u8; $n];
+                        a.copy_from_slice(c);
+                        *o = <$t>::from_le_bytes(a) as f32;
+                    }
+                }
+                ByteOrder::Big => {
+                    for (o, c) in pairs {
+                        let mut a = [0u8; $n];
+                        a.copy_from_slice(c);
+                        *o = <$t>::from_be_bytes(a) as f32;
+                    }
+                }
             }
-        };
+        }};
     }
     match dt {
         DataType::U8 => {
