@@ -22,7 +22,7 @@ for manifest in models/*/manifest.json; do
     name=$(basename "$(dirname "$manifest")")
     python3 -c 'import json,sys; m=json.load(open(sys.argv[1])); sys.exit(0 if m["task"]=="classification" and m["input"]["bands"]==204 else 1)' "$manifest" || continue
     ORT_DYLIB_PATH=$ORT_X86 "$HOST_BIN" classify "$SCENE" --model "$manifest" --out "$OUT/$name-x86_64" --json --threads 1 > "$OUT/$name-x86_64.json"
-    ORT_DYLIB_PATH=$ORT_ARM qemu-aarch64 -L /usr/aarch64-linux-gnu "$ARM_BIN" classify "$SCENE" --model "$manifest" \
+    ORT_DYLIB_PATH=$ORT_ARM qemu-aarch64 -L / "$ARM_BIN" classify "$SCENE" --model "$manifest" \
         --out "$OUT/$name-aarch64" --json --threads 1 > "$OUT/$name-aarch64.json"
     python3 - "$OUT/$name-x86_64" "$OUT/$name-aarch64" "$name" <<'PY' || status=1
 import sys, struct

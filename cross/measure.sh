@@ -35,5 +35,5 @@ PY
     done
 }
 run "x86_64 native" target/ort/x86_64/libonnxruntime.so.1.31.1 target/release/hsiedge
-run "aarch64 qemu" target/ort/aarch64/libonnxruntime.so.1.20.1 qemu-aarch64 -L /usr/aarch64-linux-gnu target/$T/release/hsiedge
+run "aarch64 qemu" target/ort/aarch64/libonnxruntime.so.1.20.1 qemu-aarch64 -L / target/$T/release/hsiedge
 } | tee "$OUT"

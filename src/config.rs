@@ -49,16 +49,45 @@ pub const HSIEDGE_DATA: EnvVar = EnvVar {
     meaning: "folder holding the real benchmark scenes (tests and demo use it when present)",
 };
 
-/// Intra-op threads when `--threads` is 0 (`cross/run test` sets 1: ONNX Runtime under
-/// qemu-aarch64 hangs building a session with a multi-threaded intra-op pool).
+/// Intra-op threads when `--threads` is 0 (a deployment can pin the count without editing its
+/// command lines).
 pub const HSIEDGE_THREADS: EnvVar = EnvVar {
     name: "HSIEDGE_THREADS",
     default: "0 (one per core)",
     meaning: "intra-op threads when --threads is 0",
 };
 
+/// Where batch sweeps (`hsiedge bench sweep`) are cached for `--batch auto`'s knee cap.
+pub const HSIEDGE_CACHE_DIR: EnvVar = EnvVar {
+    name: "HSIEDGE_CACHE_DIR",
+    default: "$XDG_CACHE_HOME/hsiedge, else $HOME/.cache/hsiedge",
+    meaning: "folder of cached batch sweeps (plateau knees) per model and device",
+};
+
+/// The XDG cache root, the second choice for the sweep cache.
+pub const XDG_CACHE_HOME: EnvVar = EnvVar {
+    name: "XDG_CACHE_HOME",
+    default: "unset",
+    meaning: "cache root; sweeps go to its hsiedge/ folder when HSIEDGE_CACHE_DIR is unset",
+};
+
+/// The home folder, the last choice for the sweep cache.
+pub const HOME: EnvVar = EnvVar {
+    name: "HOME",
+    default: "unset (no sweep cache then)",
+    meaning: "sweeps go to $HOME/.cache/hsiedge when neither cache variable is set",
+};
+
 /// All variables, in the order `hsiedge env` prints them.
-pub const ALL: &[EnvVar] = &[ORT_DYLIB_PATH, HSIEDGE_PYTHON, HSIEDGE_DATA, HSIEDGE_THREADS];
+pub const ALL: &[EnvVar] = &[
+    ORT_DYLIB_PATH,
+    HSIEDGE_PYTHON,
+    HSIEDGE_DATA,
+    HSIEDGE_THREADS,
+    HSIEDGE_CACHE_DIR,
+    XDG_CACHE_HOME,
+    HOME,
+];
 
 #[cfg(test)]
 mod tests {

@@ -52,6 +52,14 @@ pub enum JobError {
     /// Writing outputs.
     #[error(transparent)]
     Map(#[from] MapError),
+    /// A file could not be read.
+    #[error("reading {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
     /// The memory budget (including "not even batch 1 fits").
     #[error("memory budget")]
     Budget(#[from] BudgetError),
@@ -132,6 +140,8 @@ pub struct BudgetSettings {
     pub check_every: u64,
     /// Adapt the batch while running.
     pub adapt: bool,
+    /// Folder of cached batch sweeps whose plateau knee caps the batch (`None`: no cap).
+    pub sweep_cache: Option<PathBuf>,
 }
 
 impl Default for BudgetSettings {
@@ -143,6 +153,7 @@ impl Default for BudgetSettings {
             max_units: 8192,
             check_every: 1,
             adapt: true,
+            sweep_cache: None,
         }
     }
 }
@@ -226,6 +237,8 @@ pub struct AutoBatch {
     pub run_bytes_per_unit: u64,
     /// Fixed bytes the pipeline adds (maps, line cache, tile window).
     pub pipeline_fixed_bytes: u64,
+    /// The cached sweep whose knee capped the batch, when one applied.
+    pub knee_file: Option<PathBuf>,
 }
 
 impl Job {
@@ -267,6 +280,7 @@ impl Job {
         let mut graph = graph;
         let plan = match spec.batch {
             BatchChoice::Auto => {
+                let knee = cached_knee(&manifest, &graph, mode, &run, &spec.engine, &runtime, &spec.budget);
                 let auto = auto_batch(
                     &SceneGeometry::of(&cube),
                     Some(&cube),
@@ -274,6 +288,7 @@ impl Job {
                     &mut graph,
                     &run,
                     &spec.budget,
+                    knee,
                 )?;
                 run.batch = usize::try_from(auto.plan.batch_safe).unwrap_or(usize::MAX);
                 Some(auto)
@@ -514,6 +529,7 @@ pub fn auto_batch(
     graph: &mut Graph,
     run: &RunOptions,
     settings: &BudgetSettings,
+    knee: Option<(u64, PathBuf)>,
 ) -> Result<AutoBatch, JobError> {
     let root = settings.root.as_path();
     let grid = crate::tile::TileGrid::new(cube.lines, cube.samples, run.tile, manifest.halo);
@@ -650,7 +666,7 @@ pub fn auto_batch(
     let choose = ChooseConfig {
         frag_margin: settings.frag_margin,
         max_units: settings.max_units.min(scene_units.max(1)),
-        knee: None,
+        knee: knee.as_ref().map(|(k, _)| *k),
     };
     // Besides the batch being run, up to `queue + 1` more can be in flight (queued, and one being
     // built) — but no more input than the scene has left: M(B) = F + B*run + in*min((q+1)*B, U-B).
@@ -661,7 +677,7 @@ pub fn auto_batch(
     let q1 = run.queue as u64 + 1;
     let peak_at = |b: u64| fixed + b * run_bytes + in_bytes * (q1 * b).min(scene_units.saturating_sub(b));
     let usable = system.budget_bytes - ((system.budget_bytes as f64) * settings.frag_margin).ceil() as u64;
-    let (mut lo, mut hi) = (0u64, choose.max_units);
+    let (mut lo, mut hi) = (0u64, choose.max_units.min(choose.knee.unwrap_or(u64::MAX)));
     while lo < hi {
         let mid = (lo + hi).div_ceil(2);
         if peak_at(mid) <= usable {
@@ -692,12 +708,71 @@ pub fn auto_batch(
         pipeline_bytes_per_unit,
         run_bytes_per_unit: run_bytes,
         pipeline_fixed_bytes,
+        knee_file: knee.map(|(_, p)| p),
     })
+}
+
+/// What a batch sweep of this model must match to apply here.
+pub fn sweep_key(
+    manifest: &Manifest,
+    graph_path: &Path,
+    mode: Mode,
+    tile: usize,
+    engine: &crate::engine::EngineOptions,
+    runtime: &Runtime,
+    root: &Path,
+) -> Result<budget::knee::SweepKey, JobError> {
+    let bytes = std::fs::read(graph_path).map_err(|source| JobError::Read {
+        path: graph_path.to_path_buf(),
+        source,
+    })?;
+    let (cpu, cpus) = budget::knee::cpu_identity(root);
+    Ok(budget::knee::SweepKey {
+        model: manifest.name.clone(),
+        graph_hash: format!("{:016x}", budget::knee::fnv1a(&bytes)),
+        mode: match mode {
+            Mode::Patch => "patch".into(),
+            Mode::Dense => "dense".into(),
+        },
+        tile: (mode == Mode::Dense).then_some(tile),
+        provider: runtime.provider().ort_name().into(),
+        threads: engine.threads,
+        onnxruntime: runtime.build_info(),
+        cpu,
+        cpus,
+        jetson: budget::detect_jetson(root).and_then(|j| j.model),
+        power_mode: budget::knee::power_mode(root),
+    })
+}
+
+/// The knee of the cached sweep for this run, if there is one. A cache that cannot be read is
+/// reported on stderr and ignored: it only ever lowers the batch, so running without it is safe.
+fn cached_knee(
+    manifest: &Manifest,
+    graph: &Graph,
+    mode: Mode,
+    run: &RunOptions,
+    engine: &crate::engine::EngineOptions,
+    runtime: &Runtime,
+    settings: &BudgetSettings,
+) -> Option<(u64, PathBuf)> {
+    let dir = settings.sweep_cache.as_ref()?;
+    let found = sweep_key(manifest, graph.path(), mode, run.tile, engine, runtime, &settings.root)
+        .map_err(|e| e.to_string())
+        .and_then(|key| budget::knee::load(dir, &key).map_err(|e| e.to_string()));
+    match found {
+        Ok(Some((record, path))) => record.knee.map(|k| (k, path)),
+        Ok(None) => None,
+        Err(e) => {
+            eprintln!("hsiedge: warning: ignoring the batch sweep cache: {e}");
+            None
+        }
+    }
 }
 
 /// This process's anonymous resident memory (`RssAnon`): what the cost model counts. File-backed
 /// pages (the mapped scene, the ONNX Runtime library) are reclaimable and stay out of it.
-fn anon_bytes(root: &Path) -> u64 {
+pub fn anon_bytes(root: &Path) -> u64 {
     status_kib(root, "RssAnon:")
 }
 
@@ -983,7 +1058,16 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
         Some(p) => Some(Cube::open(p)?),
         None => None,
     };
-    let auto = auto_batch(&geometry, scene_cube.as_ref(), &manifest, &mut graph, &run, &req.budget)?;
+    let knee = cached_knee(&manifest, &graph, mode, &run, &req.engine, &runtime, &req.budget);
+    let auto = auto_batch(
+        &geometry,
+        scene_cube.as_ref(),
+        &manifest,
+        &mut graph,
+        &run,
+        &req.budget,
+        knee,
+    )?;
     let mut rows = Vec::new();
     if req.verify {
         let scene = req.scene.as_ref().ok_or(JobError::Setting {

@@ -81,6 +81,13 @@ struct BudgetArgs {
     /// Keep the chosen batch for the whole run (no re-reading of the budget).
     #[arg(long)]
     no_adapt: bool,
+    /// Folder of cached batch sweeps (`hsiedge bench sweep`); their plateau knee caps the batch
+    /// (default: HSIEDGE_CACHE_DIR, else $XDG_CACHE_HOME/hsiedge, else ~/.cache/hsiedge).
+    #[arg(long, value_name = "DIR")]
+    sweep_cache: Option<PathBuf>,
+    /// Ignore cached batch sweeps (no knee cap).
+    #[arg(long, conflicts_with = "sweep_cache")]
+    no_knee: bool,
 }
 
 impl BudgetArgs {
@@ -90,6 +97,11 @@ impl BudgetArgs {
             frag_margin: self.frag_margin,
             max_units: self.max_batch,
             adapt: !self.no_adapt,
+            sweep_cache: if self.no_knee {
+                None
+            } else {
+                self.sweep_cache.clone().or_else(hsiedge::budget::knee::cache_dir)
+            },
             ..Default::default()
         }
     }
@@ -240,6 +252,42 @@ enum BenchCommand {
         #[command(flatten)]
         engine: EngineArgs,
     },
+    /// Per-unit inference time against batch size, its elasticity and the plateau knee; the
+    /// result is cached so `--batch auto` stops at the knee on this model and device.
+    Sweep {
+        /// Model manifest.
+        #[arg(long)]
+        model: PathBuf,
+        /// dense (unit: tile) or patch (unit: sample); dense when the model has a dense twin.
+        #[arg(long, default_value = "auto")]
+        mode: String,
+        /// Tile side (dense mode).
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_TILE)]
+        tile: usize,
+        /// Batch sizes, comma-separated (default: powers of two up to 4096 samples or 128 tiles).
+        #[arg(long, value_delimiter = ',')]
+        batches: Vec<u64>,
+        /// Timed runs per size.
+        #[arg(long, default_value_t = 5)]
+        repeat: usize,
+        /// Stop after a size whose run takes longer than this (seconds).
+        #[arg(long, default_value_t = 10.0)]
+        max_run_s: f64,
+        /// Folder to cache the result in (default as for `classify --sweep-cache`).
+        #[arg(long, value_name = "DIR")]
+        cache: Option<PathBuf>,
+        /// Do not cache the result.
+        #[arg(long, conflicts_with = "cache")]
+        no_cache: bool,
+        /// Memory left to the rest of the system (MiB), off MemAvailable.
+        #[arg(long, default_value_t = 512)]
+        reserve_mib: u64,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -384,6 +432,65 @@ fn run(cli: Cli) -> Result<()> {
                 script,
             };
             let r = hsiedge::bench::classify(&opts)?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&r).context("serialising the report")?
+                );
+            } else {
+                println!("{r}");
+            }
+            Ok(())
+        }
+        Command::Bench {
+            what:
+                BenchCommand::Sweep {
+                    model,
+                    mode,
+                    tile,
+                    batches,
+                    repeat,
+                    max_run_s,
+                    cache,
+                    no_cache,
+                    reserve_mib,
+                    json,
+                    engine,
+                },
+        } => {
+            let mode = match hsiedge::job::parse_mode(&mode)? {
+                hsiedge::job::ModeChoice::Fixed(m) => m,
+                hsiedge::job::ModeChoice::Auto => {
+                    let m = hsiedge::model::Manifest::load(&model)?;
+                    if m.files.dense.is_some() {
+                        hsiedge::pipeline::Mode::Dense
+                    } else {
+                        hsiedge::pipeline::Mode::Patch
+                    }
+                }
+            };
+            let opts = hsiedge::bench::sweep::SweepOptions {
+                manifest: model,
+                mode,
+                tile,
+                batches: if batches.is_empty() {
+                    hsiedge::bench::sweep::default_batches(mode)
+                } else {
+                    batches
+                },
+                repeat,
+                engine: engine.options()?,
+                reserve_bytes: reserve_mib << 20,
+                frag_margin: 0.10,
+                root: PathBuf::from("/"),
+                max_run_s,
+                cache_dir: if no_cache {
+                    None
+                } else {
+                    cache.or_else(hsiedge::budget::knee::cache_dir)
+                },
+            };
+            let r = hsiedge::bench::sweep::sweep(&opts)?;
             if json {
                 println!(
                     "{}",

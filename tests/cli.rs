@@ -147,10 +147,21 @@ fn gdal_and_spectral_python_open_the_maps() {
     let out = dir.path().join("o");
     classify(&scene, &tiny(), &out, &["--keep-scores"]);
     let ci = std::env::var("CI").is_ok();
-    match std::process::Command::new("gdalinfo")
-        .arg(out.join("class_map.img"))
-        .output()
-    {
+    // Looked up on PATH first: under qemu-user a failed exec of a missing program comes back as
+    // exit status 127, not as a spawn error.
+    let gdalinfo = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("gdalinfo"))
+        .find(|p| p.is_file());
+    let ran = match gdalinfo {
+        Some(bin) => std::process::Command::new(bin).arg(out.join("class_map.img")).output(),
+        None => Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            "gdalinfo is not on PATH",
+        )),
+    };
+    match ran {
         Ok(o) => {
             let text = String::from_utf8_lossy(&o.stdout);
             assert!(

@@ -3,7 +3,7 @@
 //!
 //! `cross/run test` sets `HSIEDGE_E2E_HOST_BIN` (the x86_64 `hsiedge`) and `HSIEDGE_E2E_HOST_ORT` (its
 //! libonnxruntime); without them the test has nothing to compare against and says so. The binary under test
-//! is prefixed by `HSIEDGE_TEST_RUNNER` (`qemu-aarch64 -L /usr/aarch64-linux-gnu`): a process emulated by
+//! is prefixed by `HSIEDGE_TEST_RUNNER` (`qemu-aarch64 -L /`): a process emulated by
 //! qemu-user cannot `exec` another aarch64 binary itself (binfmt_misc is not mounted here), while the x86_64
 //! host binary it spawns runs natively.
 //!

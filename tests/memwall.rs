@@ -100,7 +100,8 @@ impl Cgroup {
     /// A command that joins this cgroup before it execs `program`.
     fn command(&self, program: &str, args: &[&str]) -> Command {
         let mut c = Command::new("sh");
-        c.arg("-c")
+        c.env("HSIEDGE_CACHE_DIR", no_sweep_cache())
+            .arg("-c")
             .arg(r#"echo $$ > "$0/cgroup.procs" && shift && exec "$@""#)
             .arg(&self.path)
             .arg("--")

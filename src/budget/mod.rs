@@ -61,6 +61,7 @@ use std::path::PathBuf;
 pub mod choose;
 pub mod cost;
 pub mod governor;
+pub mod knee;
 pub mod plan;
 pub mod system;
 

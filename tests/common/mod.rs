@@ -9,11 +9,11 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The `hsiedge` binary as a command; `HSIEDGE_TEST_RUNNER` (e.g. `qemu-aarch64 -L /usr/aarch64-linux-gnu`)
+/// The `hsiedge` binary as a command; `HSIEDGE_TEST_RUNNER` (e.g. `qemu-aarch64 -L /`)
 /// prefixes it when the tests run a cross-compiled binary under emulation.
 pub fn hsiedge() -> Command {
     let bin = env!("CARGO_BIN_EXE_hsiedge");
-    match std::env::var("HSIEDGE_TEST_RUNNER")
+    let mut c = match std::env::var("HSIEDGE_TEST_RUNNER")
         .ok()
         .filter(|s| !s.trim().is_empty())
     {
@@ -24,7 +24,15 @@ pub fn hsiedge() -> Command {
             c
         }
         None => Command::new(bin),
-    }
+    };
+    c.env("HSIEDGE_CACHE_DIR", no_sweep_cache());
+    c
+}
+
+/// A sweep cache folder that does not exist, so a developer's cached sweeps (whose knee would cap
+/// `--batch auto`) never reach a test; tests of the cache pass their own.
+pub fn no_sweep_cache() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("hsiedge-tests-no-sweep-cache-{}", std::process::id()))
 }
 
 /// Runs `hsiedge` with `args`, returning its output.

@@ -8,6 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+pub mod sweep;
+
 use crate::job::{BatchChoice, Job, JobError, JobSpec, ModeChoice};
 use crate::pipeline::{self, Batch, Mode};
 
@@ -28,6 +30,12 @@ pub enum BenchError {
     /// A temporary output folder could not be made.
     #[error("temporary folder: {0}")]
     Temp(std::io::Error),
+    /// A benchmark setting is out of range or does not fit the model.
+    #[error("{0}")]
+    Setting(String),
+    /// The sweep cache could not be written.
+    #[error("sweep cache")]
+    Cache(#[source] crate::budget::knee::KneeError),
 }
 
 /// The median of `v` (upper median for even lengths); 0 for an empty slice.
