@@ -12,7 +12,7 @@ ORT_X86=$ROOT/target/ort/x86_64/libonnxruntime.so.1.31.1
 ORT_ARM=$ROOT/target/ort/aarch64/libonnxruntime.so.1.20.1
 flag=(); [ "$PROFILE" = release ] && flag=(--release)
 nice -n 10 cargo build --locked "${flag[@]}" --bin hsiedge
-RUSTC=/usr/bin/rustc nice -n 10 cargo build --locked "${flag[@]}" --target $TARGET --bin hsiedge
+"$ROOT/cross/run" build "${flag[@]}" --bin hsiedge
 HOST_BIN=$ROOT/target/$PROFILE/hsiedge
 ARM_BIN=$ROOT/target/$TARGET/$PROFILE/hsiedge
 OUT=${E2E_OUT:-$ROOT/target/e2e}

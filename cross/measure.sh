@@ -9,7 +9,7 @@ SCENE=${HSIEDGE_DATA:-$ROOT/../shared/data}/salinas_a/salinas_a.hdr
 MODEL=${MEASURE_MODEL:-models/hybridsn_salinas_a/manifest.json}
 OUT=$ROOT/target/measure.txt
 nice -n 10 cargo build --locked --release --bin hsiedge
-RUSTC=/usr/bin/rustc nice -n 10 cargo build --locked --release --target $T --bin hsiedge
+"$ROOT/cross/run" build --release --bin hsiedge
 {
 echo "date: $(date -u +%FT%TZ)  host: $(uname -m), $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 for b in target/release/hsiedge target/$T/release/hsiedge; do

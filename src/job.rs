@@ -910,6 +910,25 @@ pub struct PlanRequest {
     /// After planning, run the scene at batches from 1 to `batch_safe` and compare each measured
     /// peak with the prediction.
     pub verify: bool,
+    /// After planning, find the wall under a cgroup capped at the budget (`--probe-wall`).
+    pub probe_wall: bool,
+}
+
+/// `plan --probe-wall`: the batch at which the plan predicts the wall against the one found.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct WallReport {
+    /// The cap the probes ran under: the plan's budget.
+    pub cap_bytes: u64,
+    /// The largest batch whose predicted `M(B)` fits the cap (no fragmentation margin).
+    pub predicted_largest_fit: u64,
+    /// What the search found.
+    pub search: budget::WallSearch,
+    /// `(predicted - found) / found` for the largest fitting batch.
+    pub error: f64,
+    /// OOM kills in the cap's cgroup (the failed probes).
+    pub oom_kills: u64,
+    /// Why each failed probe failed (last stderr line), in probe order.
+    pub failures: Vec<String>,
 }
 
 /// One row of `plan --verify`: predicted against measured peak at one batch.
@@ -931,8 +950,8 @@ pub struct VerifyRow {
 #[derive(Debug, Clone, serde::Serialize)]
 #[serde(untagged)]
 pub enum PlanReport {
-    /// Inference: the calibrated plan, and the verification rows when asked for.
-    Inference(Box<AutoBatch>, Vec<VerifyRow>),
+    /// Inference: the calibrated plan, the verification rows and the wall search when asked for.
+    Inference(Box<AutoBatch>, Vec<VerifyRow>, Option<WallReport>),
     /// Training memory from the graph.
     Training(Box<budget::TrainingPlan>),
 }
@@ -940,8 +959,21 @@ pub enum PlanReport {
 impl std::fmt::Display for PlanReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Inference(a, rows) => {
+            Self::Inference(a, rows, wall) => {
                 write!(f, "{}", a.plan)?;
+                if let Some(w) = wall {
+                    write!(
+                        f,
+                        "\n  wall            cap {:.1} MiB: predicted largest fit {}, found {} (first failure {}), {:+.1} %, {} probes {:?}",
+                        w.cap_bytes as f64 / 1048576.0,
+                        w.predicted_largest_fit,
+                        w.search.largest_fit,
+                        w.search.first_fail.map_or("none".into(), |b| b.to_string()),
+                        w.error * 100.0,
+                        w.search.probes,
+                        w.search.history
+                    )?;
+                }
                 if !rows.is_empty() {
                     write!(
                         f,
@@ -1069,11 +1101,12 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
         knee,
     )?;
     let mut rows = Vec::new();
-    if req.verify {
+    let mut wall = None;
+    if req.verify || req.probe_wall {
         let scene = req.scene.as_ref().ok_or(JobError::Setting {
-            name: "--verify",
+            name: if req.verify { "--verify" } else { "--probe-wall" },
             value: "".into(),
-            message: "needs --scene: the verification runs the scene at each batch".into(),
+            message: "needs --scene: it runs the scene at each batch".into(),
         })?;
         let cube = Cube::open(scene)?;
         let grid = crate::tile::TileGrid::new(cube.lines(), cube.samples(), run.tile, manifest.halo);
@@ -1105,8 +1138,7 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
                 source,
             })
         })?;
-        for b in batches {
-            let mut cmd = std::process::Command::new(&exe);
+        let classify = |cmd: &mut std::process::Command, b: u64| {
             cmd.arg("classify")
                 .arg(scene)
                 .arg("--model")
@@ -1121,6 +1153,67 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
             if req.engine.threads > 0 {
                 cmd.args(["--threads", &req.engine.threads.to_string()]);
             }
+        };
+        let predict = |b: u64| {
+            let in_flight_units = ((run.queue as u64 + 1) * b).min(units.saturating_sub(b));
+            auto.plan.fixed_bytes + b * run_bytes + in_flight_units * in_bytes
+        };
+        if req.probe_wall {
+            let cap_bytes = auto.plan.budget_bytes;
+            let cap = budget::wall::MemoryCap::new(&req.budget.root, cap_bytes)?;
+            let (mut lo, mut hi) = (0u64, units);
+            while lo < hi {
+                let mid = (lo + hi).div_ceil(2);
+                if predict(mid) <= cap_bytes {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            let predicted = lo;
+            let mut failures = Vec::new();
+            let mut spawn_error = None;
+            let search = budget::find_wall(auto.plan.batch_safe.max(1), units.max(1), 0.02, |b| {
+                let mut cmd = cap.command(&exe);
+                classify(&mut cmd, b);
+                match cmd.output() {
+                    Ok(o) if o.status.success() => true,
+                    Ok(o) => {
+                        let why = String::from_utf8_lossy(&o.stderr)
+                            .lines()
+                            .last()
+                            .map_or_else(|| format!("{}", o.status), |l| format!("{}: {l}", o.status));
+                        failures.push(format!("batch {b}: {why}"));
+                        false
+                    }
+                    Err(e) => {
+                        spawn_error.get_or_insert(e);
+                        false
+                    }
+                }
+            });
+            if let Some(source) = spawn_error {
+                return Err(JobError::Read {
+                    path: exe.clone(),
+                    source,
+                });
+            }
+            let found = search.largest_fit.max(1);
+            wall = Some(WallReport {
+                cap_bytes,
+                predicted_largest_fit: predicted,
+                error: (predicted as f64 - found as f64) / found as f64,
+                oom_kills: cap.oom_kills(),
+                failures,
+                search,
+            });
+        }
+        if !req.verify {
+            batches.clear();
+        }
+        for b in batches {
+            let mut cmd = std::process::Command::new(&exe);
+            classify(&mut cmd, b);
             let out = cmd.output().map_err(|source| {
                 JobError::Map(crate::map::MapError::Io {
                     path: exe.clone(),
@@ -1139,8 +1232,7 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
                     ),
                 })?;
             let in_flight = (run.queue as u64 + 1).min(units.div_ceil(b).saturating_sub(1));
-            let in_flight_units = ((run.queue as u64 + 1) * b).min(units.saturating_sub(b));
-            let predicted = auto.plan.fixed_bytes + b * run_bytes + in_flight_units * in_bytes;
+            let predicted = predict(b);
             rows.push(VerifyRow {
                 batch: b,
                 in_flight,
@@ -1150,5 +1242,5 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
             });
         }
     }
-    Ok(PlanReport::Inference(Box::new(auto), rows))
+    Ok(PlanReport::Inference(Box::new(auto), rows, wall))
 }

@@ -168,6 +168,11 @@ enum Command {
         /// Run the scene at batches from 1 to batch_safe and compare measured with predicted peaks.
         #[arg(long, requires = "scene")]
         verify: bool,
+        /// Find the real wall: run the scene in fresh processes under a cgroup capped at the budget,
+        /// growing the batch x1.5 until one is killed, then bisecting; report predicted against found.
+        /// Needs root. Never done unasked: on shared memory a probe to failure is a risk to take knowingly.
+        #[arg(long, requires = "scene")]
+        probe_wall: bool,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -343,12 +348,14 @@ fn run(cli: Cli) -> Result<()> {
             classes,
             optimizer,
             verify,
+            probe_wall,
             json,
             engine,
             budget,
         } => {
             let req = hsiedge::job::PlanRequest {
                 verify,
+                probe_wall,
                 manifest: model,
                 scene,
                 mode: parse_mode(&mode)?,

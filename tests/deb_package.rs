@@ -62,6 +62,22 @@ fn check(arch: &str) {
     assert!(version.starts_with(env!("CARGO_PKG_VERSION")), "{version}");
     let depends = field(&info, "Depends").expect("Depends");
     assert!(depends.contains("libc6"), "shlibdeps ran: {depends}");
+    if arch == "arm64" {
+        // JetPack 5 is Ubuntu 20.04 (glibc 2.31): the arm64 binary is linked against 2.31.
+        let need = depends
+            .split(',')
+            .map(str::trim)
+            .find_map(|d| d.strip_prefix("libc6 (>= ").and_then(|v| v.strip_suffix(')')))
+            .expect("a versioned libc6 dependency");
+        let minor = |v: &str| -> (u32, u32) {
+            let mut it = v.split(['.', '-', '+']).map(|x| x.parse().unwrap_or(0));
+            (it.next().unwrap_or(0), it.next().unwrap_or(0))
+        };
+        assert!(
+            minor(need) <= (2, 31),
+            "libc6 (>= {need}) does not install on JetPack 5: {depends}"
+        );
+    }
     assert!(depends.contains("adduser"), "{depends}");
     assert!(field(&info, "Maintainer").is_some_and(|m| m.contains('@')), "{info}");
     for script in ["postinst", "postrm"] {

@@ -281,3 +281,56 @@ fn a_neighbour_growing_in_the_same_cgroup_makes_it_shrink_and_finish() {
         start.elapsed().as_secs_f64()
     );
 }
+
+#[test]
+fn probe_wall_finds_the_wall_near_the_prediction_and_only_probes_die() {
+    if !available() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cg = Cgroup::new("wall", 600 * MIB);
+    let args: Vec<String> = [
+        "plan",
+        "--model",
+        hybridsn().unwrap().to_str().unwrap(),
+        "--scene",
+        scene().to_str().unwrap(),
+        "--mode",
+        "dense",
+        "--threads",
+        "2",
+        "--probe-wall",
+        "--json",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let out = run_in(&cg, &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the planner itself must survive: {stderr}");
+    assert_eq!(cg.oom_kills(), 0, "no kill outside the probes' own cgroup");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let wall = &report[2];
+    let search = &wall["search"];
+    let (predicted, found) = (
+        wall["predicted_largest_fit"].as_u64().unwrap(),
+        search["largest_fit"].as_u64().unwrap(),
+    );
+    let probes = search["probes"].as_u64().unwrap();
+    let fail = search["first_fail"]
+        .as_u64()
+        .expect("the 600 MiB cap is inside the scene's range");
+    eprintln!(
+        "probe-wall at 600 MiB: predicted {predicted}, found {found} (first failure {fail}), {probes} probes, {} OOM kills in the probes' cgroup",
+        wall["oom_kills"]
+    );
+    assert!(probes <= 15, "{search}");
+    assert!(fail > found);
+    assert!(
+        wall["oom_kills"].as_u64().unwrap() >= 1,
+        "a failed probe is an OOM kill: {wall}"
+    );
+    // The prediction is the wall seen from the safe side, and close to it.
+    assert!(predicted as f64 <= found as f64 * 1.05, "over-promises: {wall}");
+    assert!(predicted as f64 >= found as f64 * 0.85, "timid: {wall}");
+}

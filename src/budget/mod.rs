@@ -64,6 +64,7 @@ pub mod governor;
 pub mod knee;
 pub mod plan;
 pub mod system;
+pub mod wall;
 
 pub use choose::{Choice, ChooseConfig, Limit, WallSearch, find_wall, safe_units};
 pub use cost::{
