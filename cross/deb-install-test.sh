@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Installs the arm64 .deb into a Debian bookworm arm64 root and runs hsiedge there, all emulated:
+# Installs the arm64 .deb into a Debian arm64 root and runs hsiedge there, all emulated. The root is
+# bullseye by default (glibc 2.31, as on JetPack 5: the oldest system the package claims); DEB_SUITE=bookworm
+# tests a glibc 2.36 root instead.
 #   debootstrap --foreign --arch=arm64   (first stage, on the host)
 #   proot -q qemu-aarch64 ... --second-stage  (binfmt_misc is not mounted, so chroot cannot run arm64 code)
 #   proot ... dpkg -i hsiedge_*_arm64.deb; hsiedge --version; hsiedge doctor (without, then with ORT)
 # Usage: cross/deb-install-test.sh PATH/TO/hsiedge_VERSION_arm64.deb   (via `cross/run deb-install-test`)
-# The root is kept in target/deb-install/rootfs (second run: only the install steps); DEB_ROOT_FRESH=1 rebuilds it.
+# The root is kept in target/deb-install/rootfs-SUITE (second run: only the install steps); DEB_ROOT_FRESH=1 rebuilds it.
 set -euo pipefail
 status=0
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEB=${1:-}
 [ -n "$DEB" ] && [ -f "$DEB" ] || { echo "usage: $0 hsiedge_*_arm64.deb (run cross/run deb first)" >&2; exit 2; }
+SUITE=${DEB_SUITE:-bullseye}
 WORK=$ROOT/target/deb-install
-RFS=$WORK/rootfs
+RFS=$WORK/rootfs-$SUITE
 LOG=$WORK/log
 mkdir -p "$WORK"
 : > "$LOG"
@@ -37,8 +40,8 @@ in_root_b() {
 if [ "${DEB_ROOT_FRESH:-}" = 1 ]; then rm -rf "$RFS"; fi
 if [ ! -e "$RFS/.stage1-done" ]; then
     rm -rf "$RFS"
-    step "debootstrap --foreign --arch=arm64 bookworm from $MIRROR"
-    t nice -n 10 debootstrap --foreign --arch=arm64 --variant=minbase --include=adduser bookworm "$RFS" "$MIRROR" >>"$LOG" 2>&1
+    step "debootstrap --foreign --arch=arm64 $SUITE from $MIRROR"
+    t nice -n 10 debootstrap --foreign --arch=arm64 --variant=minbase --include=adduser "$SUITE" "$RFS" "$MIRROR" >>"$LOG" 2>&1
     touch "$RFS/.stage1-done"
 fi
 # debootstrap leaves /proc as a symlink to /proc in a container (seen); proot cannot bind over it.

@@ -251,6 +251,9 @@ enum BenchCommand {
         /// The baseline script.
         #[arg(long, default_value = "benches/ort_patch_loop.py")]
         script: PathBuf,
+        /// Time only this mode: dense or patch (patch mode takes minutes on a large scene).
+        #[arg(long)]
+        only: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -415,10 +418,15 @@ fn run(cli: Cli) -> Result<()> {
                     python,
                     no_python,
                     script,
+                    only,
                     json,
                     engine,
                 },
         } => {
+            let only = match only.as_deref().map(parse_mode).transpose()? {
+                Some(hsiedge::job::ModeChoice::Fixed(m)) => Some(m),
+                Some(hsiedge::job::ModeChoice::Auto) | None => None,
+            };
             let opts = hsiedge::bench::ClassifyBenchOptions {
                 spec: JobSpec {
                     scene,
@@ -437,6 +445,7 @@ fn run(cli: Cli) -> Result<()> {
                 repeat: repeat.max(1),
                 python: (!no_python).then_some(python),
                 script,
+                only,
             };
             let r = hsiedge::bench::classify(&opts)?;
             if json {

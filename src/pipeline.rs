@@ -208,8 +208,8 @@ pub fn produce_with(
     let shape = WindowShape { bands, h: wh, w: ww };
     let mut cache: std::collections::BTreeMap<usize, Vec<f32>> = std::collections::BTreeMap::new();
     let mut spare: Vec<Vec<f32>> = Vec::new();
-    let mut window = match opts.mode {
-        Mode::Patch => vec![0f32; bands * wh * ww],
+    let mut window: Vec<f32> = match opts.mode {
+        Mode::Patch => Vec::with_capacity(bands * wh * ww),
         Mode::Dense => Vec::new(),
     };
     let per_patch = bands * p * p;
@@ -277,11 +277,9 @@ pub fn produce_with(
             let rect = grid.rect(row, col);
             match opts.mode {
                 Mode::Dense => {
-                    // Straight into the batch: a window is megabytes, and a copy through a
-                    // scratch buffer would write it twice.
-                    let at = batch.data.len();
-                    batch.data.resize(at + per_tile, 0.0);
-                    fill_window(&refs, &grid.window_samples(col), bands, samples, &mut batch.data[at..]);
+                    // Appended straight to the batch: a window is megabytes, and a copy through a
+                    // scratch buffer (or zeroing first) would write it twice.
+                    fill_window(&refs, &grid.window_samples(col), bands, samples, &mut batch.data);
                     batch.tiles.push(rect);
                     if batch.tiles.len() >= cap {
                         cap = cap_now();
@@ -291,6 +289,7 @@ pub fn produce_with(
                     }
                 }
                 Mode::Patch => {
+                    window.clear();
                     fill_window(&refs, &grid.window_samples(col), bands, samples, &mut window);
                     for i in 0..rect.h {
                         for j in 0..rect.w {
@@ -325,6 +324,39 @@ pub fn produce_with(
     }
     if !batch.pixels.is_empty() || !batch.tiles.is_empty() {
         sink(finish(&mut batch, cap));
+    }
+}
+
+/// Puts into `pool` the batch buffers that can be in flight besides the producer's first one
+/// (`queue + 1`, fewer when the scene has fewer batches), each page touched so it is resident.
+///
+/// A run's memory then reaches its worst case at the start, as the memory plan counts it, instead
+/// of whenever the producer happens to get ahead: if it does not fit, that shows before the first
+/// batch, and calibration probes measure the same peak a long run reaches.
+fn fill_pool(cube: &Cube, manifest: &Manifest, opts: &RunOptions, pool: &crossbeam_channel::Sender<Vec<f32>>) {
+    let grid = grid_for(cube, manifest, opts);
+    let (units, per_unit) = match opts.mode {
+        Mode::Patch => (
+            cube.lines() * cube.samples(),
+            cube.bands() * manifest.patch * manifest.patch,
+        ),
+        Mode::Dense => (grid.len(), cube.bands() * grid.window_h() * grid.window_w()),
+    };
+    let batch = opts.batch.max(1);
+    let extra = (opts.queue + 1).min(units.div_ceil(batch).saturating_sub(1));
+    for _ in 0..extra {
+        let mut v: Vec<f32> = Vec::with_capacity(batch * per_unit);
+        // One write per page makes it resident; the producer overwrites it all anyway.
+        for slot in v
+            .spare_capacity_mut()
+            .iter_mut()
+            .step_by(4096 / std::mem::size_of::<f32>())
+        {
+            slot.write(0.0);
+        }
+        if pool.try_send(v).is_err() {
+            break;
+        }
     }
 }
 
@@ -524,6 +556,7 @@ pub fn run(
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
     // Spent buffers go back to the producer; at most as many as can be in flight.
     let (back_tx, back_rx) = crossbeam_channel::bounded::<Vec<f32>>(opts.queue + 1);
+    fill_pool(cube, manifest, opts, &back_tx);
     let mut inference = Duration::ZERO;
     let mut wait = Duration::ZERO;
     let result = std::thread::scope(|scope| -> Result<(), PipelineError> {
@@ -610,6 +643,7 @@ pub fn probe(
     check(cube, manifest, opts)?;
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
     let (back_tx, back_rx) = crossbeam_channel::bounded::<Vec<f32>>(opts.queue + 1);
+    fill_pool(cube, manifest, opts, &back_tx);
     let target = AtomicUsize::new(opts.batch);
     std::thread::scope(|scope| -> Result<(), PipelineError> {
         let (target, back_rx) = (&target, &back_rx);

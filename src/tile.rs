@@ -129,13 +129,12 @@ impl TileGrid {
     }
 }
 
-/// Fills `out` (`bands x window_h x window_w`) with the input window of one tile.
+/// Appends to `out` the input window of one tile (`bands x window_h x window_w`, in that order).
 ///
 /// `lines[dy]` is the normalised scene line (band-major, `bands x samples`) for window row `dy`, and
 /// `cols` the reflected sample index of each window column.
-pub fn fill_window(lines: &[&[f32]], cols: &[usize], bands: usize, samples: usize, out: &mut [f32]) {
-    let (wh, ww) = (lines.len(), cols.len());
-    debug_assert_eq!(out.len(), bands * wh * ww);
+pub fn fill_window(lines: &[&[f32]], cols: &[usize], bands: usize, samples: usize, out: &mut Vec<f32>) {
+    out.reserve(bands * lines.len() * cols.len());
     // Runs of consecutive source columns (the interior; reflected borders are runs of one) are
     // copied whole.
     let mut runs: Vec<(usize, usize, usize)> = Vec::new();
@@ -146,14 +145,13 @@ pub fn fill_window(lines: &[&[f32]], cols: &[usize], bands: usize, samples: usiz
         }
     }
     for band in 0..bands {
-        for (dy, line) in lines.iter().enumerate() {
+        for line in lines {
             let src = &line[band * samples..(band + 1) * samples];
-            let dst = &mut out[(band * wh + dy) * ww..(band * wh + dy + 1) * ww];
-            for &(at, x, len) in &runs {
+            for &(_, x, len) in &runs {
                 if len == 1 {
-                    dst[at] = src[x];
+                    out.push(src[x]);
                 } else {
-                    dst[at..at + len].copy_from_slice(&src[x..x + len]);
+                    out.extend_from_slice(&src[x..x + len]);
                 }
             }
         }
@@ -241,8 +239,9 @@ mod tests {
             let line_refs: Vec<&[f32]> = ls.iter().map(|&y| scene[y].as_slice()).collect();
             for col in 0..g.cols {
                 let cols = g.window_samples(col);
-                let mut win = vec![0f32; bands * g.window_h() * g.window_w()];
+                let mut win = Vec::new();
                 fill_window(&line_refs, &cols, bands, samples, &mut win);
+                assert_eq!(win.len(), bands * g.window_h() * g.window_w());
                 let rect = g.rect(row, col);
                 for i in 0..rect.h {
                     for j in 0..rect.w {

@@ -92,8 +92,8 @@ pub struct ClassifyBench {
     pub repeat: usize,
     /// Intra-op threads.
     pub threads: usize,
-    /// Patch mode.
-    pub patch: ModeResult,
+    /// Patch mode, unless skipped.
+    pub patch: Option<ModeResult>,
     /// Dense mode, when the model has a dense twin.
     pub dense: Option<ModeResult>,
     /// The Python baseline, when asked for.
@@ -101,7 +101,7 @@ pub struct ClassifyBench {
     /// dense px/s over patch px/s (end to end).
     pub dense_over_patch: Option<f64>,
     /// Patch end-to-end time over its pure inference time.
-    pub patch_e2e_over_inference: f64,
+    pub patch_e2e_over_inference: Option<f64>,
     /// Dense end-to-end time over its pure inference time.
     pub dense_e2e_over_inference: Option<f64>,
     /// hsiedge patch end-to-end time over the Python bare loop time (1.0 = equal; below is faster).
@@ -125,6 +125,8 @@ pub struct ClassifyBenchOptions {
     pub python: Option<String>,
     /// The baseline script (`benches/ort_patch_loop.py` in the source tree).
     pub script: PathBuf,
+    /// Time only this mode (patch mode takes minutes on large scenes); `None`: both.
+    pub only: Option<Mode>,
 }
 
 fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(ModeResult, usize, Job), BenchError> {
@@ -228,27 +230,44 @@ fn python_baseline(
 
 /// Runs `bench classify`.
 pub fn classify(opts: &ClassifyBenchOptions) -> Result<ClassifyBench, BenchError> {
-    let (patch, pixels, job) = time_mode(opts, Mode::Patch, opts.patch_batch)?;
-    let python = match &opts.python {
-        Some(py) => Some(python_baseline(py, &opts.script, &job, opts.patch_batch, opts.repeat)?),
-        None => None,
+    let mut pixels = 0;
+    let mut has_dense = None;
+    let (patch, python) = if opts.only == Some(Mode::Dense) {
+        (None, None)
+    } else {
+        let (patch, px, job) = time_mode(opts, Mode::Patch, opts.patch_batch)?;
+        pixels = px;
+        has_dense = Some(job.manifest.files.dense.is_some());
+        let python = match &opts.python {
+            Some(py) => Some(python_baseline(py, &opts.script, &job, opts.patch_batch, opts.repeat)?),
+            None => None,
+        };
+        (Some(patch), python)
     };
-    let dense = if job.manifest.files.dense.is_some() {
-        drop(job);
-        Some(time_mode(opts, Mode::Dense, opts.dense_batch)?.0)
+    let dense = if opts.only != Some(Mode::Patch) && has_dense != Some(false) {
+        let (d, px, _) = time_mode(opts, Mode::Dense, opts.dense_batch)?;
+        pixels = px;
+        Some(d)
     } else {
         None
     };
+    let ratio = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| a / b);
     Ok(ClassifyBench {
         scene: opts.spec.scene.clone(),
         model: opts.spec.manifest.display().to_string(),
         pixels,
         repeat: opts.repeat,
         threads: opts.spec.engine.threads,
-        dense_over_patch: dense.as_ref().map(|d| d.pixels_per_s / patch.pixels_per_s),
-        patch_e2e_over_inference: patch.end_to_end_s / patch.inference_s,
+        dense_over_patch: ratio(
+            dense.as_ref().map(|d| d.pixels_per_s),
+            patch.as_ref().map(|p| p.pixels_per_s),
+        ),
+        patch_e2e_over_inference: patch.as_ref().map(|p| p.end_to_end_s / p.inference_s),
         dense_e2e_over_inference: dense.as_ref().map(|d| d.end_to_end_s / d.inference_s),
-        patch_over_python_loop: python.as_ref().map(|p| patch.end_to_end_s / p.run_loop_s),
+        patch_over_python_loop: ratio(
+            patch.as_ref().map(|p| p.end_to_end_s),
+            python.as_ref().map(|p| p.run_loop_s),
+        ),
         patch,
         dense,
         python,
@@ -272,7 +291,7 @@ impl std::fmt::Display for ClassifyBench {
             "{:<7} {:>6} {:>9} {:>12} {:>12} {:>12}",
             "mode", "batch", "tile", "e2e s", "infer s", "px/s"
         )?;
-        for m in std::iter::once(&self.patch).chain(self.dense.as_ref()) {
+        for m in self.patch.iter().chain(self.dense.as_ref()) {
             writeln!(
                 f,
                 "{:<7} {:>6} {:>9} {:>12.4} {:>12.4} {:>12.0}",
@@ -294,11 +313,9 @@ impl std::fmt::Display for ClassifyBench {
         if let Some(r) = self.dense_over_patch {
             writeln!(f, "dense / patch throughput:            {r:.1}x")?;
         }
-        writeln!(
-            f,
-            "patch end-to-end / pure inference:   {:.3}",
-            self.patch_e2e_over_inference
-        )?;
+        if let Some(r) = self.patch_e2e_over_inference {
+            writeln!(f, "patch end-to-end / pure inference:   {r:.3}")?;
+        }
         if let Some(r) = self.dense_e2e_over_inference {
             writeln!(f, "dense end-to-end / pure inference:   {r:.3}")?;
         }
