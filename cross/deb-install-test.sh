@@ -105,13 +105,13 @@ if [ -f "$ORT" ]; then
     [ "$rc" = 0 ] || { step "expected exit 0"; exit 1; }
     SCENE=${HSIEDGE_DATA:-$ROOT/../shared/data}/salinas_a
     if [ -f "$SCENE/salinas_a.hdr" ]; then
-        step "hsiedge classify with the packaged model (one thread: see cross/README.md)"
+        step "hsiedge classify with the packaged model"
         SC=$(cd "$SCENE" && pwd)
         OUTD=$WORK/classify-out; rm -rf "$OUTD"
         # The packaged model is byte-identical to models/ (checked here); it is read through the bind.
         cmp "$RFS/usr/share/hsiedge/models/hybridsn_salinas_a/patch.onnx" "$ROOT/models/hybridsn_salinas_a/patch.onnx"
         if t in_root_b -b "$ROOT:$ROOT" -b "$SC:$SC" -- env ORT_DYLIB_PATH="$ORT" /usr/bin/hsiedge classify "$SC/salinas_a.hdr" \
-            --model "$ROOT/models/hybridsn_salinas_a/manifest.json" --out "$OUTD" --threads 1 --json \
+            --model "$ROOT/models/hybridsn_salinas_a/manifest.json" --out "$OUTD" --json \
             > "$WORK/classify.json" 2>>"$LOG"; then
             step "  class map $(stat -c %s "$OUTD/class_map.img") bytes; first batch $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["first_batch_s"])' "$WORK/classify.json") s"
         else
