@@ -624,7 +624,7 @@ pub fn auto_batch(
         Mode::Patch => pixels,
         Mode::Dense => grid.len() as u64,
     };
-    let in_flight_at = |b: u64| (run.queue as u64 + 1).min(scene_units.div_ceil(b.max(1)).saturating_sub(1));
+    let in_flight_at = |b: u64| extra_buffers(run.queue, scene_units, b);
     let (measured, measured_fixed_pipeline) = match &calibration {
         // The probes ran with `in_flight_at(b)` batches besides the running one: take their input
         // buffers out of the slope, so the in-flight count can be set for the chosen batch.
@@ -668,14 +668,14 @@ pub fn auto_batch(
         max_units: settings.max_units.min(scene_units.max(1)),
         knee: knee.as_ref().map(|(k, _)| *k),
     };
-    // Besides the batch being run, up to `queue + 1` more can be in flight (queued, and one being
-    // built) — but no more input than the scene has left: M(B) = F + B*run + in*min((q+1)*B, U-B).
-    // It rises with B (a run holds at least its own input), so the largest B that fits is found by
-    // bisection; the plan reports the straight line through M(B_safe).
+    // Besides the batch being run, `queue + 1` more batch buffers are held (queued, and one being
+    // built; the pipeline faults them all in at the start), but no more than the scene has batches:
+    // M(B) = F + B*run + in*B*(min(q+2, ceil(U/B)) - 1). It rises with B (a run holds at least its
+    // own input), so the largest B that fits is found by bisection; the plan reports the straight
+    // line through M(B_safe).
     let fixed = measured.fixed_bytes + pipeline_fixed_bytes;
     let run_bytes = measured.per_unit_bytes;
-    let q1 = run.queue as u64 + 1;
-    let peak_at = |b: u64| fixed + b * run_bytes + in_bytes * (q1 * b).min(scene_units.saturating_sub(b));
+    let peak_at = |b: u64| fixed + b * run_bytes + in_bytes * b * extra_buffers(run.queue, scene_units, b);
     let usable = system.budget_bytes - ((system.budget_bytes as f64) * settings.frag_margin).ceil() as u64;
     let (mut lo, mut hi) = (0u64, choose.max_units.min(choose.knee.unwrap_or(u64::MAX)));
     while lo < hi {
@@ -689,7 +689,7 @@ pub fn auto_batch(
     let per_unit_bytes = if lo > 0 {
         (peak_at(lo) - fixed).div_ceil(lo)
     } else {
-        run_bytes + q1 * in_bytes
+        run_bytes + (run.queue as u64 + 1) * in_bytes
     };
     let cost = CostModel {
         fixed_bytes: fixed,
@@ -710,6 +710,12 @@ pub fn auto_batch(
         pipeline_fixed_bytes,
         knee_file: knee.map(|(_, p)| p),
     })
+}
+
+/// Batch buffers a run holds besides the running batch's: `queue + 1` (queued, and one being
+/// built), fewer when the scene has fewer batches of `b` units out of `units`.
+fn extra_buffers(queue: usize, units: u64, b: u64) -> u64 {
+    (queue as u64 + 2).min(units.div_ceil(b.max(1))).saturating_sub(1)
 }
 
 /// What a batch sweep of this model must match to apply here.
@@ -1154,10 +1160,8 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
                 cmd.args(["--threads", &req.engine.threads.to_string()]);
             }
         };
-        let predict = |b: u64| {
-            let in_flight_units = ((run.queue as u64 + 1) * b).min(units.saturating_sub(b));
-            auto.plan.fixed_bytes + b * run_bytes + in_flight_units * in_bytes
-        };
+        let predict =
+            |b: u64| auto.plan.fixed_bytes + b * run_bytes + b * extra_buffers(run.queue, units, b) * in_bytes;
         if req.probe_wall {
             let cap_bytes = auto.plan.budget_bytes;
             let cap = budget::wall::MemoryCap::new(&req.budget.root, cap_bytes)?;
@@ -1231,7 +1235,7 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
                         String::from_utf8_lossy(&out.stderr).trim()
                     ),
                 })?;
-            let in_flight = (run.queue as u64 + 1).min(units.div_ceil(b).saturating_sub(1));
+            let in_flight = extra_buffers(run.queue, units, b);
             let predicted = predict(b);
             rows.push(VerifyRow {
                 batch: b,

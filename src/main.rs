@@ -31,9 +31,10 @@ struct EngineArgs {
     /// Let idle ONNX Runtime threads spin-wait (faster alone, slower beside the tiling thread).
     #[arg(long)]
     spin: bool,
-    /// CPU memory arena: exact (one shared arena grown by what is asked), pow2 (ONNX Runtime's
-    /// default, grown by powers of two) or off (every run maps its blocks afresh).
-    #[arg(long, default_value = "exact", value_parser = clap::value_parser!(hsiedge::engine::Arena))]
+    /// CPU memory arena: off (every run maps its blocks afresh; the memory plan's default), exact
+    /// (one shared arena grown by what is asked: faster, 1.4-1.6x the memory) or pow2 (ONNX
+    /// Runtime's default, grown by powers of two).
+    #[arg(long, default_value = "off", value_parser = clap::value_parser!(hsiedge::engine::Arena))]
     arena: hsiedge::engine::Arena,
     /// Turn off ONNX Runtime's memory pattern (one planned block per input shape).
     #[arg(long)]

@@ -327,8 +327,8 @@ pub fn produce_with(
     }
 }
 
-/// Puts into `pool` the batch buffers that can be in flight besides the producer's first one
-/// (`queue + 1`, fewer when the scene has fewer batches), each page touched so it is resident.
+/// Puts into `pool` every batch buffer that can be in flight (one running, `queue` queued, one
+/// being built; fewer when the scene has fewer batches), each page touched so it is resident.
 ///
 /// A run's memory then reaches its worst case at the start, as the memory plan counts it, instead
 /// of whenever the producer happens to get ahead: if it does not fit, that shows before the first
@@ -343,7 +343,7 @@ fn fill_pool(cube: &Cube, manifest: &Manifest, opts: &RunOptions, pool: &crossbe
         Mode::Dense => (grid.len(), cube.bands() * grid.window_h() * grid.window_w()),
     };
     let batch = opts.batch.max(1);
-    let extra = (opts.queue + 1).min(units.div_ceil(batch).saturating_sub(1));
+    let extra = (opts.queue + 2).min(units.div_ceil(batch));
     for _ in 0..extra {
         let mut v: Vec<f32> = Vec::with_capacity(batch * per_unit);
         // One write per page makes it resident; the producer overwrites it all anyway.
@@ -555,7 +555,7 @@ pub fn run(
     let target = AtomicUsize::new(opts.batch);
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
     // Spent buffers go back to the producer; at most as many as can be in flight.
-    let (back_tx, back_rx) = crossbeam_channel::bounded::<Vec<f32>>(opts.queue + 1);
+    let (back_tx, back_rx) = crossbeam_channel::bounded::<Vec<f32>>(opts.queue + 2);
     fill_pool(cube, manifest, opts, &back_tx);
     let mut inference = Duration::ZERO;
     let mut wait = Duration::ZERO;
@@ -642,7 +642,7 @@ pub fn probe(
 ) -> Result<(), PipelineError> {
     check(cube, manifest, opts)?;
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
-    let (back_tx, back_rx) = crossbeam_channel::bounded::<Vec<f32>>(opts.queue + 1);
+    let (back_tx, back_rx) = crossbeam_channel::bounded::<Vec<f32>>(opts.queue + 2);
     fill_pool(cube, manifest, opts, &back_tx);
     let target = AtomicUsize::new(opts.batch);
     std::thread::scope(|scope| -> Result<(), PipelineError> {
