@@ -299,6 +299,19 @@ enum BenchCommand {
     },
 }
 
+/// Prints a report as pretty JSON or as its text form.
+fn print_report<T: serde::Serialize + std::fmt::Display>(report: &T, json: bool) -> Result<()> {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(report).context("serialising the report")?
+        );
+    } else {
+        println!("{report}");
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     hsiedge::ffi::pin_allocator_thresholds();
     let cli = Cli::parse();
@@ -377,15 +390,7 @@ fn run(cli: Cli) -> Result<()> {
                 },
             };
             let report = hsiedge::job::plan(&req)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).context("serialising the plan")?
-                );
-            } else {
-                println!("{report}");
-            }
-            Ok(())
+            print_report(&report, json)
         }
         Command::Inspect { file } => inspect(&file),
         Command::Simulate {
@@ -449,15 +454,7 @@ fn run(cli: Cli) -> Result<()> {
                 only,
             };
             let r = hsiedge::bench::classify(&opts)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&r).context("serialising the report")?
-                );
-            } else {
-                println!("{r}");
-            }
-            Ok(())
+            print_report(&r, json)
         }
         Command::Bench {
             what:
@@ -508,15 +505,7 @@ fn run(cli: Cli) -> Result<()> {
                 },
             };
             let r = hsiedge::bench::sweep::sweep(&opts)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&r).context("serialising the report")?
-                );
-            } else {
-                println!("{r}");
-            }
-            Ok(())
+            print_report(&r, json)
         }
         Command::Doctor { .. } => Ok(()),
         Command::Env => {
