@@ -341,6 +341,7 @@ impl Runtime {
             .with_name("hsiedge")
             .build()
             .map_err(|e| load_err(e.to_string()))?;
+        crate::ffi::register_cpu_arena(&env).map_err(|e| load_err(e.to_string()))?;
         let _ = LOADED.set((location.clone(), env.clone()));
         Ok(Self { env, location, options })
     }
@@ -382,12 +383,6 @@ impl Runtime {
                 .build()])
             .map_err(|e| g(e.to_string()))?;
         if self.options.arena == Arena::Exact {
-            // Registered once per process, and only when a session asks for it.
-            static EXACT_ARENA: OnceLock<Result<(), String>> = OnceLock::new();
-            EXACT_ARENA
-                .get_or_init(|| crate::ffi::register_cpu_arena(&self.env).map_err(|e| e.to_string()))
-                .clone()
-                .map_err(g)?;
             b = b.with_env_allocators().map_err(|e| g(e.to_string()))?;
         }
         if self.options.threads > 0 {

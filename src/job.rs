@@ -712,14 +712,10 @@ pub fn auto_batch(
     })
 }
 
-/// Batch buffers a run holds besides the running batch's ([`pipeline::batch_buffers`] less one).
+/// Batch buffers a run holds besides the running batch's: `queue + 1` (queued, and one being
+/// built), fewer when the scene has fewer batches of `b` units out of `units`.
 fn extra_buffers(queue: usize, units: u64, b: u64) -> u64 {
-    let n = pipeline::batch_buffers(
-        queue,
-        usize::try_from(units).unwrap_or(usize::MAX),
-        usize::try_from(b).unwrap_or(usize::MAX),
-    );
-    (n as u64).saturating_sub(1)
+    (queue as u64 + 2).min(units.div_ceil(b.max(1))).saturating_sub(1)
 }
 
 /// What a batch sweep of this model must match to apply here.

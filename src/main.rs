@@ -299,19 +299,6 @@ enum BenchCommand {
     },
 }
 
-/// Prints a report as pretty JSON or as its text form.
-fn print_report<T: serde::Serialize + std::fmt::Display>(report: &T, json: bool) -> Result<()> {
-    if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(report).context("serialising the report")?
-        );
-    } else {
-        println!("{report}");
-    }
-    Ok(())
-}
-
 fn main() -> std::process::ExitCode {
     hsiedge::ffi::pin_allocator_thresholds();
     let cli = Cli::parse();
@@ -390,7 +377,15 @@ fn run(cli: Cli) -> Result<()> {
                 },
             };
             let report = hsiedge::job::plan(&req)?;
-            print_report(&report, json)
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&report).context("serialising the plan")?
+                );
+            } else {
+                println!("{report}");
+            }
+            Ok(())
         }
         Command::Inspect { file } => inspect(&file),
         Command::Simulate {
@@ -454,7 +449,15 @@ fn run(cli: Cli) -> Result<()> {
                 only,
             };
             let r = hsiedge::bench::classify(&opts)?;
-            print_report(&r, json)
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&r).context("serialising the report")?
+                );
+            } else {
+                println!("{r}");
+            }
+            Ok(())
         }
         Command::Bench {
             what:
@@ -505,7 +508,15 @@ fn run(cli: Cli) -> Result<()> {
                 },
             };
             let r = hsiedge::bench::sweep::sweep(&opts)?;
-            print_report(&r, json)
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&r).context("serialising the report")?
+                );
+            } else {
+                println!("{r}");
+            }
+            Ok(())
         }
         Command::Doctor { .. } => Ok(()),
         Command::Env => {

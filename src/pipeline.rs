@@ -327,29 +327,6 @@ pub fn produce_with(
     }
 }
 
-/// Batch buffers a run over `units` units at `batch` per batch holds at most: one running, `queue`
-/// queued, one being built — fewer when the scene has fewer batches.
-pub fn batch_buffers(queue: usize, units: usize, batch: usize) -> usize {
-    (queue + 2).min(units.div_ceil(batch.max(1)))
-}
-
-/// The producer thread's body: lowers its priority, so it fills the engine threads' idle gaps
-/// instead of preempting them mid-operator (a preempted intra-op thread stalls the whole operator),
-/// then produces into `tx`, reusing buffers from `recycle`.
-fn producer(
-    cube: &Cube,
-    manifest: &Manifest,
-    opts: &RunOptions,
-    target: &AtomicUsize,
-    recycle: &crossbeam_channel::Receiver<Vec<f32>>,
-    tx: crossbeam_channel::Sender<Batch>,
-) {
-    if opts.producer_nice > 0 {
-        let _ = crate::ffi::lower_thread_priority(opts.producer_nice);
-    }
-    produce_with(cube, manifest, opts, target, Some(recycle), |b| tx.send(b).is_ok());
-}
-
 /// Puts into `pool` every batch buffer that can be in flight (one running, `queue` queued, one
 /// being built; fewer when the scene has fewer batches), each page touched so it is resident.
 ///
@@ -366,7 +343,8 @@ fn fill_pool(cube: &Cube, manifest: &Manifest, opts: &RunOptions, pool: &crossbe
         Mode::Dense => (grid.len(), cube.bands() * grid.window_h() * grid.window_w()),
     };
     let batch = opts.batch.max(1);
-    for _ in 0..batch_buffers(opts.queue, units, batch) {
+    let extra = (opts.queue + 2).min(units.div_ceil(batch));
+    for _ in 0..extra {
         let mut v: Vec<f32> = Vec::with_capacity(batch * per_unit);
         // One write per page makes it resident; the producer overwrites it all anyway.
         for slot in v
@@ -583,7 +561,14 @@ pub fn run(
     let mut wait = Duration::ZERO;
     let result = std::thread::scope(|scope| -> Result<(), PipelineError> {
         let (target, back_rx) = (&target, &back_rx);
-        scope.spawn(move || producer(cube, manifest, opts, target, back_rx, tx));
+        scope.spawn(move || {
+            // The producer steps back so it fills the engine threads' idle gaps instead of
+            // preempting them mid-operator (a preempted intra-op thread stalls the whole operator).
+            if opts.producer_nice > 0 {
+                let _ = crate::ffi::lower_thread_priority(opts.producer_nice);
+            }
+            produce_with(cube, manifest, opts, target, Some(back_rx), |b| tx.send(b).is_ok())
+        });
         loop {
             let t0 = Instant::now();
             let Ok(batch) = rx.recv() else { break };
@@ -662,7 +647,7 @@ pub fn probe(
     let target = AtomicUsize::new(opts.batch);
     std::thread::scope(|scope| -> Result<(), PipelineError> {
         let (target, back_rx) = (&target, &back_rx);
-        scope.spawn(move || producer(cube, manifest, opts, target, back_rx, tx));
+        scope.spawn(move || produce_with(cube, manifest, opts, target, Some(back_rx), |b| tx.send(b).is_ok()));
         for (i, batch) in rx.iter().enumerate().take(batches) {
             // Each probe leaves the arena as it found it: what an earlier (smaller) size held
             // would otherwise count in the next size's peak.
