@@ -559,6 +559,7 @@ pub fn run(
     fill_pool(cube, manifest, opts, &back_tx);
     let mut inference = Duration::ZERO;
     let mut wait = Duration::ZERO;
+    let mut shrunk = false;
     let result = std::thread::scope(|scope| -> Result<(), PipelineError> {
         let (target, back_rx) = (&target, &back_rx);
         scope.spawn(move || {
@@ -614,11 +615,22 @@ pub fn run(
                     }
                     if next < now {
                         graph.shrink_arena_after_next_run();
+                        shrunk = true;
                     }
                 }
                 from = to;
             }
-            let _ = back_tx.try_send(batch.data);
+            if shrunk {
+                // Memory is being taken: the spare buffers of the old size go back to the system
+                // now, not when the producer next looks for one.
+                shrunk = false;
+                drop(batch.data);
+                for spare in back_rx.try_iter() {
+                    drop(spare);
+                }
+            } else {
+                let _ = back_tx.try_send(batch.data);
+            }
         }
         Ok(())
     });
