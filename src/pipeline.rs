@@ -236,11 +236,28 @@ pub fn produce_with(
     };
     let cap_now = || target.load(Ordering::Relaxed).max(1);
     let mut cap = cap_now();
-    let mut batch = match opts.mode {
-        Mode::Patch => new_batch(cap, per_patch),
-        Mode::Dense => new_batch(cap, per_tile),
+    // The next batch's buffer is taken only when its first unit is written, after the finished
+    // batch has been handed over: by then the consumer has returned the buffer it ran before it
+    // took the queued one, so a run never holds more than `queue + 2` buffers. Taking it at
+    // `finish` instead made a fourth whenever the consumer was still running, which put one
+    // batch more in the peak on some runs and not on others.
+    let unstarted = || Batch {
+        data: Vec::new(),
+        shape: Vec::new(),
+        pixels: Vec::new(),
+        tiles: Vec::new(),
     };
-    let finish = |b: &mut Batch, cap: usize| {
+    let start = |b: &mut Batch, cap: &mut usize| {
+        if b.data.capacity() == 0 {
+            *cap = cap_now();
+            *b = match opts.mode {
+                Mode::Patch => new_batch(*cap, per_patch),
+                Mode::Dense => new_batch(*cap, per_tile),
+            };
+        }
+    };
+    let mut batch = unstarted();
+    let finish = |b: &mut Batch| {
         let n = match opts.mode {
             Mode::Patch => b.pixels.len(),
             Mode::Dense => b.tiles.len(),
@@ -249,13 +266,7 @@ pub fn produce_with(
             Mode::Patch => layout.shape(n, bands, p, p),
             Mode::Dense => layout.shape(n, bands, wh, ww),
         };
-        std::mem::replace(
-            b,
-            match opts.mode {
-                Mode::Patch => new_batch(cap, per_patch),
-                Mode::Dense => new_batch(cap, per_tile),
-            },
-        )
+        std::mem::replace(b, unstarted())
     };
     for row in 0..grid.rows {
         let wanted = grid.window_lines(row);
@@ -277,15 +288,13 @@ pub fn produce_with(
             let rect = grid.rect(row, col);
             match opts.mode {
                 Mode::Dense => {
+                    start(&mut batch, &mut cap);
                     // Appended straight to the batch: a window is megabytes, and a copy through a
                     // scratch buffer (or zeroing first) would write it twice.
                     fill_window(&refs, &grid.window_samples(col), bands, samples, &mut batch.data);
                     batch.tiles.push(rect);
-                    if batch.tiles.len() >= cap {
-                        cap = cap_now();
-                        if !sink(finish(&mut batch, cap)) {
-                            return;
-                        }
+                    if batch.tiles.len() >= cap && !sink(finish(&mut batch)) {
+                        return;
                     }
                 }
                 Mode::Patch => {
@@ -293,13 +302,11 @@ pub fn produce_with(
                     fill_window(&refs, &grid.window_samples(col), bands, samples, &mut window);
                     for i in 0..rect.h {
                         for j in 0..rect.w {
+                            start(&mut batch, &mut cap);
                             gather_patch(&window, shape, i, j, p, &mut batch.data);
                             batch.pixels.push((rect.y0 + i, rect.x0 + j));
-                            if batch.pixels.len() >= cap {
-                                cap = cap_now();
-                                if !sink(finish(&mut batch, cap)) {
-                                    return;
-                                }
+                            if batch.pixels.len() >= cap && !sink(finish(&mut batch)) {
+                                return;
                             }
                         }
                     }
@@ -323,7 +330,7 @@ pub fn produce_with(
         spare.extend(gone.iter().filter_map(|y| cache.remove(y)));
     }
     if !batch.pixels.is_empty() || !batch.tiles.is_empty() {
-        sink(finish(&mut batch, cap));
+        sink(finish(&mut batch));
     }
 }
 
