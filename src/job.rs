@@ -712,10 +712,13 @@ pub fn auto_batch(
     })
 }
 
-/// Batch buffers a run holds besides the running batch's: `queue + 1` (queued, and one being
-/// built), fewer when the scene has fewer batches of `b` units out of `units`.
+/// Batch buffers a run holds besides the running batch's: the pipeline's pool limit less one.
 fn extra_buffers(queue: usize, units: u64, b: u64) -> u64 {
-    (queue as u64 + 2).min(units.div_ceil(b.max(1))).saturating_sub(1)
+    let (units, b) = (
+        usize::try_from(units).unwrap_or(usize::MAX),
+        usize::try_from(b).unwrap_or(usize::MAX),
+    );
+    pipeline::BufferPool::run_limit(queue, units, b) as u64 - 1
 }
 
 /// What a batch sweep of this model must match to apply here.

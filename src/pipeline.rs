@@ -7,6 +7,7 @@
 //! the run unless every pixel was written exactly once.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::cube::Cube;
@@ -184,18 +185,15 @@ pub fn produce(cube: &Cube, manifest: &Manifest, opts: &RunOptions, sink: impl F
 }
 
 /// [`produce`], with the batch size read from `target` as each batch starts, so a governor on
-/// another thread can change it, and batch buffers taken back from `recycle` when one there fits.
+/// another thread can change it, and batch buffers taken from `pool` (see [`BufferPool`]).
 ///
-/// Reusing the engine's spent buffers keeps a steady run off the allocator: a fresh batch buffer
-/// is a fresh mapping, faulted and zeroed by the kernel page by page and unmapped after its run,
-/// which costs the engine's threads TLB shootdowns. A buffer more than a quarter larger than the
-/// batch needs is dropped, so memory given back when the governor shrinks the batch stays given.
+/// Stops when `sink` returns `false` or the pool is closed.
 pub fn produce_with(
     cube: &Cube,
     manifest: &Manifest,
     opts: &RunOptions,
     target: &AtomicUsize,
-    recycle: Option<&crossbeam_channel::Receiver<Vec<f32>>>,
+    pool: Option<&BufferPool>,
     mut sink: impl FnMut(Batch) -> bool,
 ) {
     let grid = grid_for(cube, manifest, opts);
@@ -214,25 +212,18 @@ pub fn produce_with(
     };
     let per_patch = bands * p * p;
     let per_tile = bands * wh * ww;
-    let new_batch = |cap: usize, per: usize| {
+    let new_batch = |cap: usize, per: usize| -> Option<Batch> {
         let need = cap * per;
-        let reused = recycle.and_then(|r| {
-            r.try_iter()
-                .find(|v| v.capacity() >= need && v.capacity() <= need + need / 4)
-        });
-        let data = match reused {
-            Some(mut v) => {
-                v.clear();
-                v
-            }
+        let data = match pool {
+            Some(pool) => pool.take(need)?,
             None => Vec::with_capacity(need),
         };
-        Batch {
+        Some(Batch {
             data,
             shape: Vec::new(),
             pixels: Vec::with_capacity(if opts.mode == Mode::Patch { cap } else { 0 }),
             tiles: Vec::new(),
-        }
+        })
     };
     let cap_now = || target.load(Ordering::Relaxed).max(1);
     let mut cap = cap_now();
@@ -247,14 +238,16 @@ pub fn produce_with(
         pixels: Vec::new(),
         tiles: Vec::new(),
     };
-    let start = |b: &mut Batch, cap: &mut usize| {
+    // `false` when the pool has closed: the consumer is gone.
+    let start = |b: &mut Batch, cap: &mut usize| -> bool {
         if b.data.capacity() == 0 {
             *cap = cap_now();
-            *b = match opts.mode {
-                Mode::Patch => new_batch(*cap, per_patch),
-                Mode::Dense => new_batch(*cap, per_tile),
-            };
+            match new_batch(*cap, if opts.mode == Mode::Patch { per_patch } else { per_tile }) {
+                Some(fresh) => *b = fresh,
+                None => return false,
+            }
         }
+        true
     };
     let mut batch = unstarted();
     let finish = |b: &mut Batch| {
@@ -288,7 +281,9 @@ pub fn produce_with(
             let rect = grid.rect(row, col);
             match opts.mode {
                 Mode::Dense => {
-                    start(&mut batch, &mut cap);
+                    if !start(&mut batch, &mut cap) {
+                        return;
+                    }
                     // Appended straight to the batch: a window is megabytes, and a copy through a
                     // scratch buffer (or zeroing first) would write it twice.
                     fill_window(&refs, &grid.window_samples(col), bands, samples, &mut batch.data);
@@ -302,7 +297,9 @@ pub fn produce_with(
                     fill_window(&refs, &grid.window_samples(col), bands, samples, &mut window);
                     for i in 0..rect.h {
                         for j in 0..rect.w {
-                            start(&mut batch, &mut cap);
+                            if !start(&mut batch, &mut cap) {
+                                return;
+                            }
                             gather_patch(&window, shape, i, j, p, &mut batch.data);
                             batch.pixels.push((rect.y0 + i, rect.x0 + j));
                             if batch.pixels.len() >= cap && !sink(finish(&mut batch)) {
@@ -334,13 +331,140 @@ pub fn produce_with(
     }
 }
 
-/// Puts into `pool` every batch buffer that can be in flight (one running, `queue` queued, one
-/// being built; fewer when the scene has fewer batches), each page touched so it is resident.
+/// The batch buffers of one run: at most `limit` exist at once, so a run's batch memory is
+/// bounded by construction, not by how the producer and the engine happen to be timed.
 ///
-/// A run's memory then reaches its worst case at the start, as the memory plan counts it, instead
-/// of whenever the producer happens to get ahead: if it does not fit, that shows before the first
-/// batch, and calibration probes measure the same peak a long run reaches.
-fn fill_pool(cube: &Cube, manifest: &Manifest, opts: &RunOptions, pool: &crossbeam_channel::Sender<Vec<f32>>) {
+/// Reusing the engine's spent buffers also keeps a steady run off the allocator: a fresh batch
+/// buffer is a fresh mapping, faulted and zeroed by the kernel page by page and unmapped after its
+/// run, which costs the engine's threads TLB shootdowns. A free buffer that does not fit the size
+/// asked for (smaller, or more than a quarter larger) is dropped and replaced, so memory given back
+/// when the governor shrinks the batch stays given.
+#[derive(Debug)]
+pub struct BufferPool {
+    state: Mutex<PoolState>,
+    returned: Condvar,
+    limit: usize,
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    free: Vec<Vec<f32>>,
+    made: usize,
+    closed: bool,
+}
+
+impl BufferPool {
+    /// A pool that lets at most `limit` (at least 1) buffers exist.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            state: Mutex::new(PoolState::default()),
+            returned: Condvar::new(),
+            limit: limit.max(1),
+        }
+    }
+
+    /// The buffers a run over `units` units at `batch` per batch can have in flight: one running,
+    /// `queue` queued and one being built, but no more than the scene has batches.
+    pub fn run_limit(queue: usize, units: usize, batch: usize) -> usize {
+        (queue + 2).min(units.div_ceil(batch.max(1))).max(1)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// An empty buffer with room for `need` values: a free one that fits, else a new one while
+    /// fewer than `limit` exist, else the next one given back. `None` once the pool is closed.
+    pub fn take(&self, need: usize) -> Option<Vec<f32>> {
+        let fits = |v: &Vec<f32>| v.capacity() >= need && v.capacity() <= need + need / 4;
+        let mut s = self.lock();
+        loop {
+            if s.closed {
+                return None;
+            }
+            if let Some(at) = s.free.iter().position(fits) {
+                let mut v = s.free.swap_remove(at);
+                drop(s);
+                v.clear();
+                return Some(v);
+            }
+            let misfit = s.free.pop();
+            if misfit.is_some() {
+                s.made -= 1;
+            }
+            if s.made < self.limit {
+                s.made += 1;
+                drop(s);
+                drop(misfit);
+                return Some(Vec::with_capacity(need));
+            }
+            s = self.returned.wait(s).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Gives a buffer back for reuse.
+    pub fn give(&self, v: Vec<f32>) {
+        self.lock().free.push(v);
+        self.returned.notify_one();
+    }
+
+    /// Frees every buffer not in use now (the governor shrank the batch: give memory back at once).
+    pub fn drop_spares(&self) {
+        let spares = {
+            let mut s = self.lock();
+            s.made -= s.free.len();
+            std::mem::take(&mut s.free)
+        };
+        drop(spares);
+        self.returned.notify_all();
+    }
+
+    /// Makes buffers of `need` values, each page touched so it is resident, until `limit` exist.
+    ///
+    /// A run's memory then reaches its worst case at the start, as the memory plan counts it,
+    /// instead of whenever the producer happens to get ahead: if it does not fit, that shows before
+    /// the first batch, and calibration probes measure the same peak a long run reaches. Called on
+    /// the engine's thread while the producer builds the first batch.
+    pub fn fill(&self, need: usize) {
+        loop {
+            {
+                let mut s = self.lock();
+                if s.closed || s.made >= self.limit {
+                    return;
+                }
+                s.made += 1;
+            }
+            let mut v: Vec<f32> = Vec::with_capacity(need);
+            // One write per page makes it resident; the producer overwrites it all anyway.
+            for slot in v
+                .spare_capacity_mut()
+                .iter_mut()
+                .step_by(4096 / std::mem::size_of::<f32>())
+            {
+                slot.write(0.0);
+            }
+            self.give(v);
+        }
+    }
+
+    /// Closes the pool: `take` returns `None` from now on, so a producer waiting for a buffer stops.
+    pub fn close(&self) {
+        self.lock().closed = true;
+        self.returned.notify_all();
+    }
+}
+
+/// Closes a pool when dropped, so the producer never waits on an engine thread that has left.
+struct CloseOnDrop<'a>(&'a BufferPool);
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+/// Values in one batch buffer of `opts.batch` units, and the units of the scene.
+fn batch_geometry(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> (usize, usize) {
     let grid = grid_for(cube, manifest, opts);
     let (units, per_unit) = match opts.mode {
         Mode::Patch => (
@@ -349,22 +473,7 @@ fn fill_pool(cube: &Cube, manifest: &Manifest, opts: &RunOptions, pool: &crossbe
         ),
         Mode::Dense => (grid.len(), cube.bands() * grid.window_h() * grid.window_w()),
     };
-    let batch = opts.batch.max(1);
-    let extra = (opts.queue + 2).min(units.div_ceil(batch));
-    for _ in 0..extra {
-        let mut v: Vec<f32> = Vec::with_capacity(batch * per_unit);
-        // One write per page makes it resident; the producer overwrites it all anyway.
-        for slot in v
-            .spare_capacity_mut()
-            .iter_mut()
-            .step_by(4096 / std::mem::size_of::<f32>())
-        {
-            slot.write(0.0);
-        }
-        if pool.try_send(v).is_err() {
-            break;
-        }
-    }
+    (opts.batch.max(1) * per_unit, units)
 }
 
 /// The tile grid a run over `cube` uses.
@@ -561,22 +670,27 @@ pub fn run(
     };
     let target = AtomicUsize::new(opts.batch);
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
-    // Spent buffers go back to the producer; at most as many as can be in flight.
-    let (back_tx, back_rx) = crossbeam_channel::bounded::<Vec<f32>>(opts.queue + 2);
-    fill_pool(cube, manifest, opts, &back_tx);
+    let (need, units) = batch_geometry(cube, manifest, opts);
+    let pool = BufferPool::new(BufferPool::run_limit(opts.queue, units, opts.batch));
     let mut inference = Duration::ZERO;
     let mut wait = Duration::ZERO;
     let mut shrunk = false;
     let result = std::thread::scope(|scope| -> Result<(), PipelineError> {
-        let (target, back_rx) = (&target, &back_rx);
+        let (target, pool) = (&target, &pool);
         scope.spawn(move || {
             // The producer steps back so it fills the engine threads' idle gaps instead of
             // preempting them mid-operator (a preempted intra-op thread stalls the whole operator).
             if opts.producer_nice > 0 {
                 let _ = crate::ffi::lower_thread_priority(opts.producer_nice);
             }
-            produce_with(cube, manifest, opts, target, Some(back_rx), |b| tx.send(b).is_ok())
+            produce_with(cube, manifest, opts, target, Some(pool), |b| tx.send(b).is_ok())
         });
+        // Declared after `rx`, so dropped first: on an early return the producer is released
+        // both from waiting for a buffer and from waiting for room in the queue.
+        let rx = rx;
+        let _close = CloseOnDrop(pool);
+        // The other buffers are made while the producer builds the first batch.
+        pool.fill(need);
         loop {
             let t0 = Instant::now();
             let Ok(batch) = rx.recv() else { break };
@@ -627,16 +741,14 @@ pub fn run(
                 }
                 from = to;
             }
+            // Given back before the next `recv`: the producer takes its next buffer only after
+            // the queue had room, so this one is free by then and no extra buffer is made.
+            pool.give(batch.data);
             if shrunk {
                 // Memory is being taken: the spare buffers of the old size go back to the system
                 // now, not when the producer next looks for one.
                 shrunk = false;
-                drop(batch.data);
-                for spare in back_rx.try_iter() {
-                    drop(spare);
-                }
-            } else {
-                let _ = back_tx.try_send(batch.data);
+                pool.drop_spares();
             }
         }
         Ok(())
@@ -661,12 +773,17 @@ pub fn probe(
 ) -> Result<(), PipelineError> {
     check(cube, manifest, opts)?;
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
-    let (back_tx, back_rx) = crossbeam_channel::bounded::<Vec<f32>>(opts.queue + 2);
-    fill_pool(cube, manifest, opts, &back_tx);
+    let (need, units) = batch_geometry(cube, manifest, opts);
+    let pool = BufferPool::new(BufferPool::run_limit(opts.queue, units, opts.batch));
     let target = AtomicUsize::new(opts.batch);
     std::thread::scope(|scope| -> Result<(), PipelineError> {
-        let (target, back_rx) = (&target, &back_rx);
-        scope.spawn(move || produce_with(cube, manifest, opts, target, Some(back_rx), |b| tx.send(b).is_ok()));
+        let (target, pool) = (&target, &pool);
+        // The producer keeps its normal priority here, unlike in `run`: calibration measures the
+        // worst case, in which the producer keeps up and every buffer is in flight.
+        scope.spawn(move || produce_with(cube, manifest, opts, target, Some(pool), |b| tx.send(b).is_ok()));
+        let rx = rx;
+        let _close = CloseOnDrop(pool);
+        pool.fill(need);
         for (i, batch) in rx.iter().enumerate().take(batches) {
             // Each probe leaves the arena as it found it: what an earlier (smaller) size held
             // would otherwise count in the next size's peak.
@@ -678,9 +795,8 @@ pub fn probe(
                     first_tile: batch.tiles.first().map(|t| (t.row, t.col)).unwrap_or_default(),
                     source,
                 })?;
-            let _ = back_tx.try_send(batch.data);
+            pool.give(batch.data);
         }
-        drop(rx);
         Ok(())
     })
 }
@@ -700,6 +816,41 @@ mod tests {
             v(1.0)
         );
         Manifest::parse(&text, std::path::Path::new("m.json")).unwrap()
+    }
+
+    #[test]
+    fn pool_never_holds_more_than_its_limit_and_close_frees_a_waiter() {
+        let pool = BufferPool::new(2);
+        let a = pool.take(100).unwrap();
+        pool.fill(100);
+        let b = pool.take(100).unwrap();
+        assert_eq!(pool.lock().made, 2);
+        // A third take waits until one comes back.
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| pool.take(100).map(|v| v.capacity()));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            assert!(!waiter.is_finished());
+            pool.give(a);
+            assert!(waiter.join().unwrap().unwrap() >= 100);
+        });
+        // A free buffer of the wrong size is replaced, not added to.
+        pool.give(b);
+        let c = pool.take(1000).unwrap();
+        assert!(c.capacity() >= 1000);
+        assert_eq!(pool.lock().made, 2);
+        pool.give(c);
+        pool.drop_spares();
+        assert_eq!(pool.lock().made, 1);
+        std::thread::scope(|s| {
+            let _one = pool.take(10).unwrap();
+            let waiter = s.spawn(|| pool.take(10));
+            std::thread::sleep(std::time::Duration::from_millis(50));
+            pool.close();
+            assert!(waiter.join().unwrap().is_none());
+        });
+        assert_eq!(BufferPool::run_limit(1, 100, 40), 3);
+        assert_eq!(BufferPool::run_limit(1, 100, 60), 2);
+        assert_eq!(BufferPool::run_limit(1, 0, 60), 1);
     }
 
     #[test]

@@ -158,9 +158,9 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
         let mut failed = None;
         batches = 0;
         let (cube, manifest, run, graph) = (&job.cube, &job.manifest, &job.run, &mut job.graph);
-        let (back_tx, back_rx) = crossbeam_channel::bounded::<Vec<f32>>(2);
+        let pool = pipeline::BufferPool::new(2);
         let target = std::sync::atomic::AtomicUsize::new(run.batch);
-        pipeline::produce_with(cube, manifest, run, &target, Some(&back_rx), |b: Batch| {
+        pipeline::produce_with(cube, manifest, run, &target, Some(&pool), |b: Batch| {
             let t = Instant::now();
             if let Err(e) = graph.run(&b.data, &b.shape) {
                 failed = Some(e);
@@ -168,7 +168,7 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
             }
             spent += t.elapsed();
             batches += 1;
-            let _ = back_tx.try_send(b.data);
+            pool.give(b.data);
             true
         });
         if let Some(e) = failed {
