@@ -560,10 +560,21 @@ pub fn auto_batch(
     // the process holds now: calibration never nears the wall.
     // Samples are sized so each probe holds about 8, 32 and 96 MiB by the prior (at least 8, 32, 128
     // samples): a cheap per-pixel model needs thousands of samples before its slope rises above the
-    // allocator's noise. Each size leaves the scene room for the queue to fill.
+    // allocator's noise. No size exceeds the scene.
+    let in_bytes = (in_per_unit * 4) as u64;
+    let out_bytes = match run.mode {
+        Mode::Patch => manifest.classes() as u64 * 4,
+        Mode::Dense => (manifest.classes() * grid.tile_h * grid.tile_w * 4) as u64,
+    };
+    let pixels = (cube.lines * cube.samples) as u64;
+    let scene_units = match run.mode {
+        Mode::Patch => pixels,
+        Mode::Dense => grid.len() as u64,
+    };
+    let in_flight_at = |b: u64| extra_buffers(run.queue, scene_units, b);
     let sample_sizes = {
         let per = prior.per_unit_bytes.saturating_mul(PRIOR_WORKSPACE_FACTOR).max(1);
-        let room = ((cube.lines * cube.samples) as u64 / (run.queue as u64 + 3)).max(1);
+        let room = pixels.max(1);
         let mut v: Vec<u64> = [(8u64 << 20, 8u64), (32 << 20, 32), (96 << 20, 128)]
             .iter()
             .map(|&(t, min)| (t / per).max(min).min(room))
@@ -606,7 +617,12 @@ pub fn auto_batch(
                 // anonymous peak from below; the 2 ms samples catch it from inside the run.
                 let hwm = budget::read_process_hwm(root)?;
                 let file = status_kib(root, "RssFile:") + status_kib(root, "RssShmem:");
-                Ok(sampled.max(hwm.saturating_sub(file)))
+                // The buffers in flight besides the running one (all faulted in at the start) are
+                // taken out, so the fit is the run's own cost and the plan can add the count the
+                // chosen batch will have.
+                Ok(sampled
+                    .max(hwm.saturating_sub(file))
+                    .saturating_sub(in_flight_at(b) * in_bytes * b))
             })?;
             Some(cal)
         }
@@ -614,35 +630,15 @@ pub fn auto_batch(
     };
     // Without calibration, the prior's per-unit cost is scaled by the largest workspace factor
     // measured on the shipped models, so the plan errs towards smaller batches.
-    let in_bytes = (in_per_unit * 4) as u64;
-    let out_bytes = match run.mode {
-        Mode::Patch => manifest.classes() as u64 * 4,
-        Mode::Dense => (manifest.classes() * grid.tile_h * grid.tile_w * 4) as u64,
-    };
-    let pixels = (cube.lines * cube.samples) as u64;
-    let scene_units = match run.mode {
-        Mode::Patch => pixels,
-        Mode::Dense => grid.len() as u64,
-    };
-    let in_flight_at = |b: u64| extra_buffers(run.queue, scene_units, b);
     let (measured, measured_fixed_pipeline) = match &calibration {
-        // The probes ran with `in_flight_at(b)` batches besides the running one: take their input
-        // buffers out of the slope, so the in-flight count can be set for the chosen batch.
-        Some(c) => {
-            let extra = sizes.iter().map(|&b| in_flight_at(b)).min().unwrap_or(0);
-            (
-                CostModel {
-                    // A run holds at least its own input and output, whatever the fit's noise says.
-                    per_unit_bytes: c
-                        .model
-                        .per_unit_bytes
-                        .saturating_sub(extra * in_bytes)
-                        .max(in_bytes + out_bytes),
-                    ..c.model.clone()
-                },
-                true,
-            )
-        }
+        Some(c) => (
+            CostModel {
+                // A run holds at least its own input and output, whatever the fit's noise says.
+                per_unit_bytes: c.model.per_unit_bytes.max(in_bytes + out_bytes),
+                ..c.model.clone()
+            },
+            true,
+        ),
         None => (
             CostModel {
                 per_unit_bytes: prior.per_unit_bytes.saturating_mul(PRIOR_WORKSPACE_FACTOR),
