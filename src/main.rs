@@ -378,15 +378,7 @@ fn run(cli: Cli) -> Result<()> {
                 },
             };
             let report = hsiedge::job::plan(&req)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&report).context("serialising the plan")?
-                );
-            } else {
-                println!("{report}");
-            }
-            Ok(())
+            print_report(&report, json)
         }
         Command::Inspect { file } => inspect(&file),
         Command::Simulate {
@@ -450,15 +442,7 @@ fn run(cli: Cli) -> Result<()> {
                 only,
             };
             let r = hsiedge::bench::classify(&opts)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&r).context("serialising the report")?
-                );
-            } else {
-                println!("{r}");
-            }
-            Ok(())
+            print_report(&r, json)
         }
         Command::Bench {
             what:
@@ -509,15 +493,7 @@ fn run(cli: Cli) -> Result<()> {
                 },
             };
             let r = hsiedge::bench::sweep::sweep(&opts)?;
-            if json {
-                println!(
-                    "{}",
-                    serde_json::to_string_pretty(&r).context("serialising the report")?
-                );
-            } else {
-                println!("{r}");
-            }
-            Ok(())
+            print_report(&r, json)
         }
         Command::Doctor { .. } => Ok(()),
         Command::Env => {
@@ -527,6 +503,19 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Prints a report as pretty JSON or as its text form.
+fn print_report<T: serde::Serialize + std::fmt::Display>(report: &T, json: bool) -> Result<()> {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(report).context("serialising the report")?
+        );
+    } else {
+        println!("{report}");
+    }
+    Ok(())
 }
 
 fn classify(spec: JobSpec, json: bool) -> Result<()> {

@@ -94,41 +94,25 @@ fn a_cached_knee_caps_auto_batch_and_a_broken_cache_is_ignored_loudly() {
             out.path().to_str().unwrap(),
             "--mode",
             "dense",
-            "--tile",
-            "16",
             "--batch",
             "auto",
             "--threads",
             "2",
             "--json",
+            "--sweep-cache",
+            cache.path().to_str().unwrap(),
         ];
         a.extend_from_slice(extra);
         run(&a)
     };
     // Another tile size is another key: no cap from the tile-64 sweep.
-    let o = classify(&["--sweep-cache", cache.path().to_str().unwrap()]);
+    let o = classify(&["--tile", "16"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(s["batch_plan"]["plan"]["knee"].is_null(), "{}", s["batch_plan"]);
     assert!(s["batch"].as_u64().unwrap() > 2);
 
-    let o = run(&[
-        "classify",
-        scene.to_str().unwrap(),
-        "--model",
-        model.to_str().unwrap(),
-        "--out",
-        out.path().to_str().unwrap(),
-        "--mode",
-        "dense",
-        "--batch",
-        "auto",
-        "--threads",
-        "2",
-        "--json",
-        "--sweep-cache",
-        cache.path().to_str().unwrap(),
-    ]);
+    let o = classify(&[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let plan = &s["batch_plan"]["plan"];
@@ -138,23 +122,7 @@ fn a_cached_knee_caps_auto_batch_and_a_broken_cache_is_ignored_loudly() {
     assert_eq!(s["batch_plan"]["knee_file"].as_str(), file.to_str());
 
     std::fs::write(&file, b"not json").unwrap();
-    let o = run(&[
-        "classify",
-        scene.to_str().unwrap(),
-        "--model",
-        model.to_str().unwrap(),
-        "--out",
-        out.path().to_str().unwrap(),
-        "--mode",
-        "dense",
-        "--batch",
-        "auto",
-        "--threads",
-        "2",
-        "--json",
-        "--sweep-cache",
-        cache.path().to_str().unwrap(),
-    ]);
+    let o = classify(&[]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
     assert!(
