@@ -110,7 +110,7 @@ pub struct RunOptions {
 }
 
 /// A batch ready for the engine, with where each of its samples lands.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct Batch {
     /// Input values in the graph's layout.
     pub data: Vec<f32>,
@@ -210,46 +210,34 @@ pub fn produce_with(
         Mode::Patch => Vec::with_capacity(bands * wh * ww),
         Mode::Dense => Vec::new(),
     };
-    let per_patch = bands * p * p;
-    let per_tile = bands * wh * ww;
-    let new_batch = |cap: usize, per: usize| -> Option<Batch> {
-        let need = cap * per;
-        let data = match pool {
-            Some(pool) => pool.take(need)?,
-            None => Vec::with_capacity(need),
-        };
-        Some(Batch {
-            data,
-            shape: Vec::new(),
-            pixels: Vec::with_capacity(if opts.mode == Mode::Patch { cap } else { 0 }),
-            tiles: Vec::new(),
-        })
+    let per_unit = match opts.mode {
+        Mode::Patch => bands * p * p,
+        Mode::Dense => bands * wh * ww,
     };
     let cap_now = || target.load(Ordering::Relaxed).max(1);
     let mut cap = cap_now();
     // The next batch's buffer is taken only when its first unit is written, after the finished
     // batch has been handed over: by then the consumer has returned the buffer it ran before it
-    // took the queued one, so a run never holds more than `queue + 2` buffers. Taking it at
-    // `finish` instead made a fourth whenever the consumer was still running, which put one
-    // batch more in the peak on some runs and not on others.
-    let unstarted = || Batch {
-        data: Vec::new(),
-        shape: Vec::new(),
-        pixels: Vec::new(),
-        tiles: Vec::new(),
-    };
+    // took the queued one, so the producer never waits on the pool with a finished batch in hand.
     // `false` when the pool has closed: the consumer is gone.
     let start = |b: &mut Batch, cap: &mut usize| -> bool {
         if b.data.capacity() == 0 {
             *cap = cap_now();
-            match new_batch(*cap, if opts.mode == Mode::Patch { per_patch } else { per_tile }) {
-                Some(fresh) => *b = fresh,
-                None => return false,
+            let need = *cap * per_unit;
+            b.data = match pool {
+                Some(pool) => match pool.take(need) {
+                    Some(v) => v,
+                    None => return false,
+                },
+                None => Vec::with_capacity(need),
+            };
+            if opts.mode == Mode::Patch {
+                b.pixels.reserve(*cap);
             }
         }
         true
     };
-    let mut batch = unstarted();
+    let mut batch = Batch::default();
     let finish = |b: &mut Batch| {
         let n = match opts.mode {
             Mode::Patch => b.pixels.len(),
@@ -259,7 +247,7 @@ pub fn produce_with(
             Mode::Patch => layout.shape(n, bands, p, p),
             Mode::Dense => layout.shape(n, bands, wh, ww),
         };
-        std::mem::replace(b, unstarted())
+        std::mem::take(b)
     };
     for row in 0..grid.rows {
         let wanted = grid.window_lines(row);
@@ -463,8 +451,8 @@ impl Drop for CloseOnDrop<'_> {
     }
 }
 
-/// Values in one batch buffer of `opts.batch` units, and the units of the scene.
-fn batch_geometry(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> (usize, usize) {
+/// The pool of a run over `cube` at `opts.batch`, and the values in one of its buffers.
+fn run_pool(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> (BufferPool, usize) {
     let grid = grid_for(cube, manifest, opts);
     let (units, per_unit) = match opts.mode {
         Mode::Patch => (
@@ -473,7 +461,8 @@ fn batch_geometry(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> (usize
         ),
         Mode::Dense => (grid.len(), cube.bands() * grid.window_h() * grid.window_w()),
     };
-    (opts.batch.max(1) * per_unit, units)
+    let pool = BufferPool::new(BufferPool::run_limit(opts.queue, units, opts.batch));
+    (pool, opts.batch.max(1) * per_unit)
 }
 
 /// The tile grid a run over `cube` uses.
@@ -670,8 +659,7 @@ pub fn run(
     };
     let target = AtomicUsize::new(opts.batch);
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
-    let (need, units) = batch_geometry(cube, manifest, opts);
-    let pool = BufferPool::new(BufferPool::run_limit(opts.queue, units, opts.batch));
+    let (pool, need) = run_pool(cube, manifest, opts);
     let mut inference = Duration::ZERO;
     let mut wait = Duration::ZERO;
     let mut shrunk = false;
@@ -773,8 +761,7 @@ pub fn probe(
 ) -> Result<(), PipelineError> {
     check(cube, manifest, opts)?;
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
-    let (need, units) = batch_geometry(cube, manifest, opts);
-    let pool = BufferPool::new(BufferPool::run_limit(opts.queue, units, opts.batch));
+    let (pool, need) = run_pool(cube, manifest, opts);
     let target = AtomicUsize::new(opts.batch);
     std::thread::scope(|scope| -> Result<(), PipelineError> {
         let (target, pool) = (&target, &pool);
