@@ -274,6 +274,8 @@ pub fn quicklook_png(maps: &Maps, manifest: &Manifest) -> Result<Vec<u8>, String
     let mut enc = png::Encoder::new(&mut out, width, height);
     enc.set_color(png::ColorType::Rgb);
     enc.set_depth(png::BitDepth::Eight);
+    // A quick-look is for eyes, and it is written after the last batch, on the run's critical path.
+    enc.set_compression(png::Compression::Fast);
     let mut writer = enc.write_header().map_err(|e| e.to_string())?;
     writer.write_image_data(&img).map_err(|e| e.to_string())?;
     writer.finish().map_err(|e| e.to_string())?;

@@ -140,3 +140,42 @@ fn labels_flag_reports_accuracy_against_the_ground_truth() {
     assert_eq!(s["accuracy"]["labelled_pixels"], 5348);
     assert!(s["accuracy"]["overall_accuracy"].as_f64().unwrap() > 0.95, "{s}");
 }
+
+#[test]
+fn bench_classify_reports_the_parts_of_end_to_end_time() {
+    let (Some(data), Some(model)) = (data(), model("hybridsn_salinas_a")) else {
+        return;
+    };
+    let scene = data.join("salinas_a/salinas_a.hdr");
+    let out = ok(&[
+        "bench",
+        "classify",
+        scene.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--only",
+        "dense",
+        "--repeat",
+        "2",
+        "--threads",
+        "2",
+        "--no-python",
+        "--json",
+    ]);
+    let r: serde_json::Value = serde_json::from_str(&out).expect("bench JSON");
+    let d = &r["dense"];
+    let secs = |k: &str| d[k].as_f64().unwrap_or_else(|| panic!("dense.{k} missing: {d}"));
+    let (e2e, inf, tiling, wait, write) = (
+        secs("end_to_end_s"),
+        secs("inference_s"),
+        secs("tiling_s"),
+        secs("wait_s"),
+        secs("write_s"),
+    );
+    assert_eq!(d["batches"], 4, "{d}");
+    assert!(inf > 0.0 && tiling > 0.0 && write > 0.0 && wait >= 0.0, "{d}");
+    assert!(tiling < e2e && write < e2e && wait < e2e, "{d}");
+    let ratio = r["dense_e2e_over_inference"].as_f64().unwrap();
+    assert!((ratio - e2e / inf).abs() < 1e-9, "{r}");
+    assert!(r["patch"].is_null() && r["python"].is_null(), "{r}");
+}

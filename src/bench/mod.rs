@@ -60,6 +60,13 @@ pub struct ModeResult {
     pub end_to_end_s: f64,
     /// Median seconds of `session.run` over the same batches, inputs prepared beforehand.
     pub inference_s: f64,
+    /// Median seconds of the tiling thread's work alone (read, normalise, tile into batches) on
+    /// this thread, with no inference: what end to end must hide behind inference.
+    pub tiling_s: f64,
+    /// Median seconds the engine waited for the tiling thread in the end-to-end runs.
+    pub wait_s: f64,
+    /// Median seconds of writing and committing the output files in the end-to-end runs.
+    pub write_s: f64,
     /// `pixels / end_to_end_s`.
     pub pixels_per_s: f64,
     /// Every end-to-end sample.
@@ -142,12 +149,15 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
     // One untimed run warms the session's arena and kernels.
     let (maps, stats) = job.infer(&mut |_| {})?;
     job.write(&maps, &stats)?;
-    let mut e2e = Vec::new();
+    let (mut e2e, mut waits, mut writes) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..opts.repeat {
         let t = Instant::now();
         let (maps, stats) = job.infer(&mut |_| {})?;
+        let w = Instant::now();
         job.write(&maps, &stats)?;
         e2e.push(t.elapsed().as_secs_f64());
+        writes.push(w.elapsed().as_secs_f64());
+        waits.push(stats.wait_s);
     }
     // The same batches again, produced on this thread with only `run` inside the clock, so holding
     // every batch in memory at once is not needed.
@@ -176,6 +186,17 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
         }
         inf.push(spent.as_secs_f64());
     }
+    let mut tiling = Vec::new();
+    for _ in 0..opts.repeat {
+        let pool = pipeline::BufferPool::new(2);
+        let target = std::sync::atomic::AtomicUsize::new(job.run.batch);
+        let t = Instant::now();
+        pipeline::produce_with(&job.cube, &job.manifest, &job.run, &target, Some(&pool), |b: Batch| {
+            pool.give(b.data);
+            true
+        });
+        tiling.push(t.elapsed().as_secs_f64());
+    }
     let pixels = stats.pixels;
     let result = ModeResult {
         mode,
@@ -184,6 +205,9 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
         batches,
         end_to_end_s: median(&e2e),
         inference_s: median(&inf),
+        tiling_s: median(&tiling),
+        wait_s: median(&waits),
+        write_s: median(&writes),
         pixels_per_s: pixels as f64 / median(&e2e).max(1e-12),
         end_to_end_samples_s: e2e,
         inference_samples_s: inf,
@@ -288,18 +312,21 @@ impl std::fmt::Display for ClassifyBench {
         )?;
         writeln!(
             f,
-            "{:<7} {:>6} {:>9} {:>12} {:>12} {:>12}",
-            "mode", "batch", "tile", "e2e s", "infer s", "px/s"
+            "{:<7} {:>6} {:>9} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "mode", "batch", "tile", "e2e s", "infer s", "tiling s", "wait s", "write s", "px/s"
         )?;
         for m in self.patch.iter().chain(self.dense.as_ref()) {
             writeln!(
                 f,
-                "{:<7} {:>6} {:>9} {:>12.4} {:>12.4} {:>12.0}",
+                "{:<7} {:>6} {:>9} {:>10.4} {:>10.4} {:>10.4} {:>10.4} {:>10.4} {:>10.0}",
                 format!("{:?}", m.mode).to_lowercase(),
                 m.batch,
                 format!("{}x{}", m.tile.0, m.tile.1),
                 m.end_to_end_s,
                 m.inference_s,
+                m.tiling_s,
+                m.wait_s,
+                m.write_s,
                 m.pixels_per_s
             )?;
         }
