@@ -178,35 +178,28 @@ pub struct WindowShape {
 /// a call to `memcpy` for each of them made the tiling thread's time several times the copy itself.
 pub fn gather_patch(window: &[f32], shape: WindowShape, y: usize, x: usize, p: usize, out: &mut Vec<f32>) {
     match p {
-        1 => gather_rows::<1>(window, shape, y, x, out),
-        3 => gather_rows::<3>(window, shape, y, x, out),
-        5 => gather_rows::<5>(window, shape, y, x, out),
-        7 => gather_rows::<7>(window, shape, y, x, out),
-        9 => gather_rows::<9>(window, shape, y, x, out),
-        11 => gather_rows::<11>(window, shape, y, x, out),
-        13 => gather_rows::<13>(window, shape, y, x, out),
-        15 => gather_rows::<15>(window, shape, y, x, out),
-        _ => {
-            let WindowShape { bands, h: wh, w: ww } = shape;
-            out.reserve(bands * p * p);
-            for band in 0..bands {
-                for i in 0..p {
-                    let src = (band * wh + y + i) * ww + x;
-                    out.extend_from_slice(&window[src..src + p]);
-                }
-            }
-        }
+        1 => gather_rows(window, shape, y, x, 1, out),
+        3 => gather_rows(window, shape, y, x, 3, out),
+        5 => gather_rows(window, shape, y, x, 5, out),
+        7 => gather_rows(window, shape, y, x, 7, out),
+        9 => gather_rows(window, shape, y, x, 9, out),
+        11 => gather_rows(window, shape, y, x, 11, out),
+        13 => gather_rows(window, shape, y, x, 13, out),
+        15 => gather_rows(window, shape, y, x, 15, out),
+        _ => gather_rows(window, shape, y, x, p, out),
     }
 }
 
-fn gather_rows<const P: usize>(window: &[f32], shape: WindowShape, y: usize, x: usize, out: &mut Vec<f32>) {
+/// Inlined into each arm of [`gather_patch`], so a literal `p` becomes a fixed-length copy.
+#[inline(always)]
+fn gather_rows(window: &[f32], shape: WindowShape, y: usize, x: usize, p: usize, out: &mut Vec<f32>) {
     let WindowShape { bands, h: wh, w: ww } = shape;
-    out.reserve(bands * P * P);
+    out.reserve(bands * p * p);
     for band in 0..bands {
         let top = (band * wh + y) * ww + x;
-        for i in 0..P {
+        for i in 0..p {
             let src = top + i * ww;
-            out.extend_from_slice(&window[src..src + P]);
+            out.extend_from_slice(&window[src..src + p]);
         }
     }
 }

@@ -10,8 +10,10 @@ use std::time::Instant;
 
 pub mod sweep;
 
+use crate::cube::Cube;
 use crate::job::{BatchChoice, Job, JobError, JobSpec, ModeChoice};
-use crate::pipeline::{self, Batch, Mode};
+use crate::model::Manifest;
+use crate::pipeline::{self, Batch, Mode, RunOptions};
 
 /// Errors of a benchmark.
 #[derive(Debug, thiserror::Error)]
@@ -136,6 +138,18 @@ pub struct ClassifyBenchOptions {
     pub only: Option<Mode>,
 }
 
+/// Builds every batch of a run on this thread and hands each to `f` (stopping when it returns
+/// `false`), its buffer going back to a pool of two, as a run's would.
+fn each_batch(cube: &Cube, manifest: &Manifest, run: &RunOptions, mut f: impl FnMut(&Batch) -> bool) {
+    let pool = pipeline::BufferPool::new(2);
+    let target = std::sync::atomic::AtomicUsize::new(run.batch);
+    pipeline::produce_with(cube, manifest, run, &target, Some(&pool), |b: Batch| {
+        let go = f(&b);
+        pool.give(b.data);
+        go
+    });
+}
+
 fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(ModeResult, usize, Job), BenchError> {
     let tmp = tempfile::tempdir().map_err(BenchError::Temp)?;
     let spec = JobSpec {
@@ -168,9 +182,7 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
         let mut failed = None;
         batches = 0;
         let (cube, manifest, run, graph) = (&job.cube, &job.manifest, &job.run, &mut job.graph);
-        let pool = pipeline::BufferPool::new(2);
-        let target = std::sync::atomic::AtomicUsize::new(run.batch);
-        pipeline::produce_with(cube, manifest, run, &target, Some(&pool), |b: Batch| {
+        each_batch(cube, manifest, run, |b| {
             let t = Instant::now();
             if let Err(e) = graph.run(&b.data, &b.shape) {
                 failed = Some(e);
@@ -178,7 +190,6 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
             }
             spent += t.elapsed();
             batches += 1;
-            pool.give(b.data);
             true
         });
         if let Some(e) = failed {
@@ -188,13 +199,8 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
     }
     let mut tiling = Vec::new();
     for _ in 0..opts.repeat {
-        let pool = pipeline::BufferPool::new(2);
-        let target = std::sync::atomic::AtomicUsize::new(job.run.batch);
         let t = Instant::now();
-        pipeline::produce_with(&job.cube, &job.manifest, &job.run, &target, Some(&pool), |b: Batch| {
-            pool.give(b.data);
-            true
-        });
+        each_batch(&job.cube, &job.manifest, &job.run, |_| true);
         tiling.push(t.elapsed().as_secs_f64());
     }
     let pixels = stats.pixels;
