@@ -24,6 +24,9 @@ pub const DEFAULT_TILE: usize = 64;
 /// extra batch in flight is memory the budget must set aside.
 pub const QUEUE_DEPTH: usize = 1;
 
+/// How often a run samples its anonymous memory for the summary's peak.
+const PEAK_SAMPLE_PERIOD: std::time::Duration = std::time::Duration::from_millis(2);
+
 /// Errors of a job, each naming what failed.
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
@@ -222,6 +225,8 @@ pub struct Job {
     pub plan: Option<AutoBatch>,
     adjustments: Vec<Adjustment>,
     peak_anon_bytes: u64,
+    /// Batch buffers kept from run to run (the next run starts with them resident).
+    pub buffers: pipeline::BufferPool,
 }
 
 /// How `--batch auto` chose: the calibrated cost, the plan, the budget sources.
@@ -235,7 +240,7 @@ pub struct AutoBatch {
     pub pipeline_bytes_per_unit: u64,
     /// Bytes per unit of one run (its input, the engine's activations and workspaces, its output).
     pub run_bytes_per_unit: u64,
-    /// Fixed bytes the pipeline adds (maps, line cache, tile window).
+    /// Fixed bytes the pipeline adds (maps, tile window).
     pub pipeline_fixed_bytes: u64,
     /// The cached sweep whose knee capped the batch, when one applied.
     pub knee_file: Option<PathBuf>,
@@ -306,6 +311,7 @@ impl Job {
             plan,
             adjustments: Vec::new(),
             peak_anon_bytes: 0,
+            buffers: pipeline::BufferPool::new(1),
         })
     }
 
@@ -317,9 +323,34 @@ impl Job {
         };
         let adapt = governor.as_mut().map(|g| g as &mut dyn pipeline::Adapt);
         let root = self.spec.budget.root.clone();
-        let (result, peak) = with_peak_anon(&root, || {
-            pipeline::run(&self.cube, &self.manifest, &mut self.graph, &self.run, progress, adapt)
-        });
+        // The high-water mark then bounds this run's peak, not an earlier calibration's.
+        let _ = budget::reset_process_hwm(&root);
+        let mut peak = anon_bytes(&root);
+        let mut sampled_at = Instant::now();
+        // Sampled on the engine thread between batches, at most every 2 ms, rather than by a
+        // sampling thread: its wake-ups preempted intra-op threads mid-operator and cost a 20 ms
+        // run about 1 ms (`hsiedge bench classify`, dense Salinas-A).
+        let mut sampling = |done: usize| {
+            if sampled_at.elapsed() >= PEAK_SAMPLE_PERIOD {
+                peak = peak.max(anon_bytes(&root));
+                sampled_at = Instant::now();
+            }
+            progress(done);
+        };
+        let result = pipeline::run(
+            &self.cube,
+            &self.manifest,
+            &mut self.graph,
+            &self.run,
+            &self.buffers,
+            &mut sampling,
+            adapt,
+        );
+        // The run's buffers and the session's arena are still held, so the end is sampled too;
+        // the high-water mark less the file pages mapped by now catches a peak between samples.
+        let hwm = budget::read_process_hwm(&root).unwrap_or(0);
+        let bound = hwm.saturating_sub(status_kib(&root, "RssFile:") + status_kib(&root, "RssShmem:"));
+        let peak = peak.max(anon_bytes(&root)).max(bound);
         self.peak_anon_bytes = peak;
         self.adjustments = governor.map(|g| g.changes).unwrap_or_default();
         Ok(result?)
@@ -595,7 +626,7 @@ pub fn auto_batch(
     .filter(|&b| own.saturating_add(prior.per_unit_bytes.saturating_mul(8 * b)) <= system.budget_bytes)
     .collect();
     // Calibration runs the real pipeline (producer, queue, engine) for a few batches at each small
-    // size on the scene itself, so in-flight batches, the line cache and allocator behaviour are
+    // size on the scene itself, so in-flight batches, the tile window and allocator behaviour are
     // all in the measured peak.
     // Each probe runs long enough (at least `queue + 3` batches and 2048 samples or 8 tiles) for
     // the runtime's per-thread allocator heaps to reach their steady size.
@@ -650,15 +681,9 @@ pub fn auto_batch(
     let k = manifest.classes() as u64;
     let keeps_scores = run.keep_scores || manifest.task == Task::Abundance;
     let maps = pixels * (1 + 4 + 1) + if keeps_scores { pixels * k * 4 } else { 0 };
-    let line_cache = ((grid.window_h() + 2 * grid.halo) * bands * cube.samples * 4) as u64;
     let window = (bands * grid.window_h() * grid.window_w() * 4) as u64;
-    // In-place calibration measured the line cache and window already (maps come later, at run).
-    let pipeline_fixed_bytes = maps
-        + if measured_fixed_pipeline {
-            0
-        } else {
-            line_cache + window
-        };
+    // In-place calibration measured the tile window already (maps come later, at run).
+    let pipeline_fixed_bytes = maps + if measured_fixed_pipeline { 0 } else { window };
     let choose = ChooseConfig {
         frag_margin: settings.frag_margin,
         max_units: settings.max_units.min(scene_units.max(1)),
@@ -793,8 +818,9 @@ fn status_kib(root: &Path, field: &str) -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
-/// Runs `f` while sampling this process's `RssAnon` every 2 ms; returns its result and the peak.
-/// Sampling catches the peak of a run without counting the mapped scene's (reclaimable) pages.
+/// Runs `f` while a thread samples this process's `RssAnon` every 2 ms; returns its result and the
+/// peak. Sampling catches the peak without counting the mapped scene's (reclaimable) pages; the
+/// calibration probes use it (a timed run samples on its own thread, see [`Job::infer`]).
 pub fn with_peak_anon<T>(root: &Path, f: impl FnOnce() -> T) -> (T, u64) {
     let done = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
@@ -804,7 +830,7 @@ pub fn with_peak_anon<T>(root: &Path, f: impl FnOnce() -> T) -> (T, u64) {
                 peak = peak.max(anon_bytes(root));
                 // Parked rather than asleep, so the end of `f` wakes it at once and the caller
                 // does not wait out a sampling period.
-                std::thread::park_timeout(std::time::Duration::from_millis(2));
+                std::thread::park_timeout(PEAK_SAMPLE_PERIOD);
             }
             peak.max(anon_bytes(root))
         });
@@ -815,7 +841,10 @@ pub fn with_peak_anon<T>(root: &Path, f: impl FnOnce() -> T) -> (T, u64) {
         // below and catches a peak shorter than the sampling period.
         let hwm = budget::read_process_hwm(root).unwrap_or(0);
         let bound = hwm.saturating_sub(status_kib(root, "RssFile:") + status_kib(root, "RssShmem:"));
-        (result, sampler.join().unwrap_or(0).max(bound))
+        let r = sampler.join().unwrap_or(0).max(bound);
+        let _ = std::fs::read_to_string("/proc/self/statm");
+        let _ = std::fs::read_to_string("/proc/self/status");
+        (result, r)
     })
 }
 
@@ -1011,7 +1040,7 @@ impl std::fmt::Display for PlanReport {
                 }
                 write!(
                     f,
-                    "\n  pipeline        +{:.1} KiB per unit (queued inputs), +{:.1} MiB fixed (maps, line cache, tile window)",
+                    "\n  pipeline        +{:.1} KiB per unit (queued inputs), +{:.1} MiB fixed (maps, tile window)",
                     a.pipeline_bytes_per_unit as f64 / 1024.0,
                     a.pipeline_fixed_bytes as f64 / 1048576.0
                 )

@@ -197,15 +197,14 @@ pub fn produce_with(
     mut sink: impl FnMut(Batch) -> bool,
 ) {
     let grid = grid_for(cube, manifest, opts);
-    let (bands, samples) = (cube.bands(), cube.samples());
+    let bands = cube.bands();
     let mean = &manifest.input.mean;
     let inv_std: Vec<f32> = manifest.input.std.iter().map(|s| 1.0 / s).collect();
     let layout = manifest.input.layout;
     let p = manifest.patch;
     let (wh, ww) = (grid.window_h(), grid.window_w());
     let shape = WindowShape { bands, h: wh, w: ww };
-    let mut cache: std::collections::BTreeMap<usize, Vec<f32>> = std::collections::BTreeMap::new();
-    let mut spare: Vec<Vec<f32>> = Vec::new();
+    let mut scratch: Vec<f32> = Vec::new();
     let mut window: Vec<f32> = match opts.mode {
         Mode::Patch => Vec::with_capacity(bands * wh * ww),
         Mode::Dense => Vec::new(),
@@ -250,21 +249,7 @@ pub fn produce_with(
         std::mem::take(b)
     };
     for row in 0..grid.rows {
-        let wanted = grid.window_lines(row);
-        for &y in &wanted {
-            cache.entry(y).or_insert_with(|| {
-                let mut line = spare.pop().unwrap_or_else(|| vec![0f32; bands * samples]);
-                cube.read_line(y, &mut line);
-                for (b, chunk) in line.chunks_exact_mut(samples).enumerate() {
-                    let (m, s) = (mean[b], inv_std[b]);
-                    for v in chunk {
-                        *v = (*v - m) * s;
-                    }
-                }
-                line
-            });
-        }
-        let refs: Vec<&[f32]> = wanted.iter().filter_map(|y| cache.get(y).map(Vec::as_slice)).collect();
+        let lines = grid.window_lines(row);
         for col in 0..grid.cols {
             let rect = grid.rect(row, col);
             match opts.mode {
@@ -274,7 +259,15 @@ pub fn produce_with(
                     }
                     // Appended straight to the batch: a window is megabytes, and a copy through a
                     // scratch buffer (or zeroing first) would write it twice.
-                    fill_window(&refs, &grid.window_samples(col), bands, samples, &mut batch.data);
+                    fill_window(
+                        cube,
+                        &lines,
+                        &grid.window_samples(col),
+                        mean,
+                        &inv_std,
+                        &mut scratch,
+                        &mut batch.data,
+                    );
                     batch.tiles.push(rect);
                     if batch.tiles.len() >= cap && !sink(finish(&mut batch)) {
                         return;
@@ -282,7 +275,15 @@ pub fn produce_with(
                 }
                 Mode::Patch => {
                     window.clear();
-                    fill_window(&refs, &grid.window_samples(col), bands, samples, &mut window);
+                    fill_window(
+                        cube,
+                        &lines,
+                        &grid.window_samples(col),
+                        mean,
+                        &inv_std,
+                        &mut scratch,
+                        &mut window,
+                    );
                     for i in 0..rect.h {
                         for j in 0..rect.w {
                             if !start(&mut batch, &mut cap) {
@@ -298,21 +299,6 @@ pub fn produce_with(
                 }
             }
         }
-        // Lines above the next row's window are never read again.
-        let next_top = ((row + 1) * grid.tile_h).saturating_sub(grid.halo);
-        let keep: std::collections::BTreeSet<usize> = if row + 1 < grid.rows {
-            grid.window_lines(row + 1).into_iter().collect()
-        } else {
-            Default::default()
-        };
-        let gone: Vec<usize> = cache
-            .keys()
-            .copied()
-            .filter(|y| *y < next_top && !keep.contains(y))
-            .collect();
-        // Evicted line buffers are reused for the next row's lines: a run allocates its line cache
-        // once instead of churning the allocator line by line.
-        spare.extend(gone.iter().filter_map(|y| cache.remove(y)));
     }
     if !batch.pixels.is_empty() || !batch.tiles.is_empty() {
         sink(finish(&mut batch));
@@ -327,17 +313,20 @@ pub fn produce_with(
 /// run, which costs the engine's threads TLB shootdowns. A free buffer that does not fit the size
 /// asked for (smaller, or more than a quarter larger) is dropped and replaced, so memory given back
 /// when the governor shrinks the batch stays given.
+///
+/// A [`crate::job::Job`] keeps its pool from run to run, as the session keeps its arena: a run
+/// then starts with its buffers resident instead of faulting megabytes in before the first batch.
 #[derive(Debug)]
 pub struct BufferPool {
     state: Mutex<PoolState>,
     returned: Condvar,
-    limit: usize,
 }
 
 #[derive(Debug, Default)]
 struct PoolState {
     free: Vec<Vec<f32>>,
     made: usize,
+    limit: usize,
     closed: bool,
 }
 
@@ -345,10 +334,27 @@ impl BufferPool {
     /// A pool that lets at most `limit` (at least 1) buffers exist.
     pub fn new(limit: usize) -> Self {
         Self {
-            state: Mutex::new(PoolState::default()),
+            state: Mutex::new(PoolState {
+                limit: limit.max(1),
+                ..PoolState::default()
+            }),
             returned: Condvar::new(),
-            limit: limit.max(1),
         }
+    }
+
+    /// Opens the pool (again) for a run that may hold `limit` (at least 1) buffers: buffers kept
+    /// from an earlier run are reused, and those beyond the new limit are freed now.
+    pub fn reopen(&self, limit: usize) {
+        let extra = {
+            let mut s = self.lock();
+            s.closed = false;
+            s.limit = limit.max(1);
+            let keep = s.free.len().saturating_sub(s.made.saturating_sub(s.limit));
+            let extra = s.free.split_off(keep);
+            s.made -= extra.len();
+            extra
+        };
+        drop(extra);
     }
 
     /// The buffers a run over `units` units at `batch` per batch can have in flight: one running,
@@ -364,13 +370,12 @@ impl BufferPool {
     /// An empty buffer with room for `need` values: a free one that fits, else a new one while
     /// fewer than `limit` exist, else the next one given back. `None` once the pool is closed.
     pub fn take(&self, need: usize) -> Option<Vec<f32>> {
-        let fits = |v: &Vec<f32>| v.capacity() >= need && v.capacity() <= need + need / 4;
         let mut s = self.lock();
         loop {
             if s.closed {
                 return None;
             }
-            if let Some(at) = s.free.iter().position(fits) {
+            if let Some(at) = s.free.iter().position(|v| fits(v, need)) {
                 let mut v = s.free.swap_remove(at);
                 drop(s);
                 v.clear();
@@ -380,7 +385,7 @@ impl BufferPool {
             if misfit.is_some() {
                 s.made -= 1;
             }
-            if s.made < self.limit {
+            if s.made < s.limit {
                 s.made += 1;
                 drop(s);
                 drop(misfit);
@@ -414,10 +419,18 @@ impl BufferPool {
     /// the first batch, and calibration probes measure the same peak a long run reaches. Called on
     /// the engine's thread while the producer builds the first batch.
     pub fn fill(&self, need: usize) {
+        let misfits = {
+            let mut s = self.lock();
+            let (fit, misfit): (Vec<_>, Vec<_>) = std::mem::take(&mut s.free).into_iter().partition(|v| fits(v, need));
+            s.free = fit;
+            s.made -= misfit.len();
+            misfit
+        };
+        drop(misfits);
         loop {
             {
                 let mut s = self.lock();
-                if s.closed || s.made >= self.limit {
+                if s.closed || s.made >= s.limit {
                     return;
                 }
                 s.made += 1;
@@ -442,6 +455,12 @@ impl BufferPool {
     }
 }
 
+/// Whether a free buffer serves a request for `need` values: large enough, and not more than a
+/// quarter larger (memory given back when the batch shrinks stays given).
+fn fits(v: &Vec<f32>, need: usize) -> bool {
+    v.capacity() >= need && v.capacity() <= need + need / 4
+}
+
 /// Closes a pool when dropped, so the producer never waits on an engine thread that has left.
 struct CloseOnDrop<'a>(&'a BufferPool);
 
@@ -451,8 +470,8 @@ impl Drop for CloseOnDrop<'_> {
     }
 }
 
-/// The pool of a run over `cube` at `opts.batch`, and the values in one of its buffers.
-fn run_pool(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> (BufferPool, usize) {
+/// The buffers a run over `cube` at `opts.batch` may hold, and the values in one of them.
+fn run_buffers(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> (usize, usize) {
     let grid = grid_for(cube, manifest, opts);
     let (units, per_unit) = match opts.mode {
         Mode::Patch => (
@@ -461,8 +480,10 @@ fn run_pool(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> (BufferPool,
         ),
         Mode::Dense => (grid.len(), cube.bands() * grid.window_h() * grid.window_w()),
     };
-    let pool = BufferPool::new(BufferPool::run_limit(opts.queue, units, opts.batch));
-    (pool, opts.batch.max(1) * per_unit)
+    (
+        BufferPool::run_limit(opts.queue, units, opts.batch),
+        opts.batch.max(1) * per_unit,
+    )
 }
 
 /// The tile grid a run over `cube` uses.
@@ -639,12 +660,14 @@ impl Stitcher {
 /// Runs `graph` over `cube`: the producer thread fills a queue of `opts.queue` batches while this
 /// thread infers and stitches. `progress` gets the pixels done after each batch. With `adapt`, the
 /// batch may change between batches: the producer builds new batches at the new size, and batches
-/// already queued are run in pieces no larger than it.
+/// already queued are run in pieces no larger than it. Batch buffers come from `pool`, reopened
+/// for this run and closed when it ends; the buffers it made stay in it for the next run.
 pub fn run(
     cube: &Cube,
     manifest: &Manifest,
     graph: &mut Graph,
     opts: &RunOptions,
+    pool: &BufferPool,
     progress: &mut dyn FnMut(usize),
     mut adapt: Option<&mut dyn Adapt>,
 ) -> Result<(Maps, RunStats), PipelineError> {
@@ -659,12 +682,13 @@ pub fn run(
     };
     let target = AtomicUsize::new(opts.batch);
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
-    let (pool, need) = run_pool(cube, manifest, opts);
+    let (limit, need) = run_buffers(cube, manifest, opts);
+    pool.reopen(limit);
     let mut inference = Duration::ZERO;
     let mut wait = Duration::ZERO;
     let mut shrunk = false;
     let result = std::thread::scope(|scope| -> Result<(), PipelineError> {
-        let (target, pool) = (&target, &pool);
+        let target = &target;
         scope.spawn(move || {
             // The producer steps back so it fills the engine threads' idle gaps instead of
             // preempting them mid-operator (a preempted intra-op thread stalls the whole operator).
@@ -761,7 +785,8 @@ pub fn probe(
 ) -> Result<(), PipelineError> {
     check(cube, manifest, opts)?;
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
-    let (pool, need) = run_pool(cube, manifest, opts);
+    let (limit, need) = run_buffers(cube, manifest, opts);
+    let pool = BufferPool::new(limit);
     let target = AtomicUsize::new(opts.batch);
     std::thread::scope(|scope| -> Result<(), PipelineError> {
         let (target, pool) = (&target, &pool);

@@ -6,6 +6,8 @@
 //! coordinate outside the scene is reflected without repeating the edge (`-1 -> 1`, numpy's
 //! `mode="reflect"`), so each pixel sees exactly the neighbourhood a per-pixel patch model would.
 
+use crate::cube::Cube;
+
 /// Reflects index `i` into `0..n` without repeating the edge sample, for any distance outside.
 pub fn reflect(i: isize, n: usize) -> usize {
     if n <= 1 {
@@ -129,29 +131,47 @@ impl TileGrid {
     }
 }
 
-/// Appends to `out` the input window of one tile (`bands x window_h x window_w`, in that order).
+/// Appends to `out` the normalised input window of one tile (`bands x window_h x window_w`, in
+/// that order), read straight from the mapped `cube`.
 ///
-/// `lines[dy]` is the normalised scene line (band-major, `bands x samples`) for window row `dy`, and
-/// `cols` the reflected sample index of each window column.
-pub fn fill_window(lines: &[&[f32]], cols: &[usize], bands: usize, samples: usize, out: &mut Vec<f32>) {
-    out.reserve(bands * lines.len() * cols.len());
-    // Runs of consecutive source columns (the interior; reflected borders are runs of one) are
-    // copied whole.
-    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
-    for (at, &x) in cols.iter().enumerate() {
+/// `lines` and `cols` are the reflected scene line and sample of each window row and column
+/// ([`TileGrid::window_lines`], [`TileGrid::window_samples`]); band `b` is normalised as
+/// `(v - mean[b]) * inv_std[b]`. Each window row is decoded once into `scratch` (a few hundred
+/// values, so it stays in L1) and its runs of consecutive columns are copied out whole: the window,
+/// megabytes, is written once, and no decoded copy of the scene exists.
+pub fn fill_window(
+    cube: &Cube,
+    lines: &[usize],
+    cols: &[usize],
+    mean: &[f32],
+    inv_std: &[f32],
+    scratch: &mut Vec<f32>,
+    out: &mut Vec<f32>,
+) {
+    let (Some(&lo), Some(&hi)) = (cols.iter().min(), cols.iter().max()) else {
+        return;
+    };
+    // Runs of consecutive source columns (the interior; reflected borders are runs of one), as
+    // (offset into the decoded span, length).
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for &x in cols {
         match runs.last_mut() {
-            Some((start, src, len)) if *start + *len == at && *src + *len == x => *len += 1,
-            _ => runs.push((at, x, 1)),
+            Some((src, len)) if lo + *src + *len == x => *len += 1,
+            _ => runs.push((x - lo, 1)),
         }
     }
-    for band in 0..bands {
-        for line in lines {
-            let src = &line[band * samples..(band + 1) * samples];
-            for &(_, x, len) in &runs {
+    scratch.clear();
+    scratch.resize(hi - lo + 1, 0.0);
+    out.reserve(cube.bands() * lines.len() * cols.len());
+    for band in 0..cube.bands() {
+        let (m, s) = (mean[band], inv_std[band]);
+        for &y in lines {
+            cube.read_span(y, band, lo, m, s, scratch);
+            for &(at, len) in &runs {
                 if len == 1 {
-                    out.push(src[x]);
+                    out.push(scratch[at]);
                 } else {
-                    out.extend_from_slice(&src[x..x + len]);
+                    out.extend_from_slice(&scratch[at..at + len]);
                 }
             }
         }
@@ -207,6 +227,7 @@ fn gather_rows(window: &[f32], shape: WindowShape, y: usize, x: usize, p: usize,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cube::{DataType, Header, Interleave};
 
     #[test]
     fn reflect_matches_numpy() {
@@ -249,25 +270,72 @@ mod tests {
         }
     }
 
+    /// A `lines x samples x bands` int16 cube in `interleave` whose value at (y, x, b) is
+    /// `b * 100 + y * 10 + x`.
+    fn small_cube(dir: &std::path::Path, lines: usize, samples: usize, bands: usize, interleave: Interleave) -> Cube {
+        let value = |y: usize, x: usize, b: usize| (b * 100 + y * 10 + x) as i16;
+        let mut bytes = Vec::new();
+        let mut put = |y, x, b| bytes.extend_from_slice(&value(y, x, b).to_le_bytes());
+        match interleave {
+            Interleave::Bsq => {
+                (0..bands).for_each(|b| (0..lines).for_each(|y| (0..samples).for_each(|x| put(y, x, b))))
+            }
+            Interleave::Bil => {
+                (0..lines).for_each(|y| (0..bands).for_each(|b| (0..samples).for_each(|x| put(y, x, b))))
+            }
+            Interleave::Bip => {
+                (0..lines).for_each(|y| (0..samples).for_each(|x| (0..bands).for_each(|b| put(y, x, b))))
+            }
+        }
+        let hdr = dir.join(format!("c{interleave:?}.hdr"));
+        std::fs::write(dir.join(format!("c{interleave:?}.img")), bytes).unwrap();
+        let h = Header::new(samples, lines, bands, DataType::I16, interleave);
+        std::fs::write(&hdr, h.to_text()).unwrap();
+        Cube::open(&hdr).unwrap()
+    }
+
+    #[test]
+    fn windows_are_normalised_reflected_reads_in_every_interleave() {
+        let dir = tempfile::tempdir().unwrap();
+        let (lines, samples, bands) = (5usize, 7usize, 3usize);
+        let (mean, inv_std) = ([1.0f32, -2.0, 0.5], [0.5f32, 0.25, 2.0]);
+        for il in [Interleave::Bsq, Interleave::Bil, Interleave::Bip] {
+            let cube = small_cube(dir.path(), lines, samples, bands, il);
+            let g = TileGrid::new(lines, samples, 4, 3);
+            for row in 0..g.rows {
+                for col in 0..g.cols {
+                    let (ls, cs) = (g.window_lines(row), g.window_samples(col));
+                    let mut win = Vec::new();
+                    fill_window(&cube, &ls, &cs, &mean, &inv_std, &mut Vec::new(), &mut win);
+                    assert_eq!(win.len(), bands * ls.len() * cs.len());
+                    for b in 0..bands {
+                        for (dy, &y) in ls.iter().enumerate() {
+                            for (dx, &x) in cs.iter().enumerate() {
+                                let raw = (b * 100 + y * 10 + x) as f32;
+                                let want = (raw - mean[b]) * inv_std[b];
+                                assert_eq!(win[(b * ls.len() + dy) * cs.len() + dx], want, "{il:?}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     fn patches_equal_padded_scene(r: usize) {
         let (lines, samples, bands) = (5usize, 6usize, 2usize);
         let value = |y: usize, x: usize, b: usize| (b * 100 + y * 10 + x) as f32;
-        let scene: Vec<Vec<f32>> = (0..lines)
-            .map(|y| {
-                (0..bands)
-                    .flat_map(|b| (0..samples).map(move |x| value(y, x, b)))
-                    .collect()
-            })
-            .collect();
+        let dir = tempfile::tempdir().unwrap();
+        let cube = small_cube(dir.path(), lines, samples, bands, Interleave::Bil);
+        let (mean, inv_std) = (vec![0.0; bands], vec![1.0; bands]);
         let g = TileGrid::new(lines, samples, 4, r);
         let p = 2 * r + 1;
         for row in 0..g.rows {
             let ls = g.window_lines(row);
-            let line_refs: Vec<&[f32]> = ls.iter().map(|&y| scene[y].as_slice()).collect();
             for col in 0..g.cols {
                 let cols = g.window_samples(col);
                 let mut win = Vec::new();
-                fill_window(&line_refs, &cols, bands, samples, &mut win);
+                fill_window(&cube, &ls, &cols, &mean, &inv_std, &mut Vec::new(), &mut win);
                 assert_eq!(win.len(), bands * g.window_h() * g.window_w());
                 let rect = g.rect(row, col);
                 for i in 0..rect.h {

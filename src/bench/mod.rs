@@ -139,11 +139,17 @@ pub struct ClassifyBenchOptions {
 }
 
 /// Builds every batch of a run on this thread and hands each to `f` (stopping when it returns
-/// `false`), its buffer going back to a pool of two, as a run's would.
-fn each_batch(cube: &Cube, manifest: &Manifest, run: &RunOptions, mut f: impl FnMut(&Batch) -> bool) {
-    let pool = pipeline::BufferPool::new(2);
+/// `false`), its buffer going back to `pool` (the job's, reopened for two), as a run's would.
+fn each_batch(
+    cube: &Cube,
+    manifest: &Manifest,
+    run: &RunOptions,
+    pool: &pipeline::BufferPool,
+    mut f: impl FnMut(&Batch) -> bool,
+) {
+    pool.reopen(2);
     let target = std::sync::atomic::AtomicUsize::new(run.batch);
-    pipeline::produce_with(cube, manifest, run, &target, Some(&pool), |b: Batch| {
+    pipeline::produce_with(cube, manifest, run, &target, Some(pool), |b: Batch| {
         let go = f(&b);
         pool.give(b.data);
         go
@@ -182,7 +188,7 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
         let mut failed = None;
         batches = 0;
         let (cube, manifest, run, graph) = (&job.cube, &job.manifest, &job.run, &mut job.graph);
-        each_batch(cube, manifest, run, |b| {
+        each_batch(cube, manifest, run, &job.buffers, |b| {
             let t = Instant::now();
             if let Err(e) = graph.run(&b.data, &b.shape) {
                 failed = Some(e);
@@ -200,7 +206,7 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
     let mut tiling = Vec::new();
     for _ in 0..opts.repeat {
         let t = Instant::now();
-        each_batch(&job.cube, &job.manifest, &job.run, |_| true);
+        each_batch(&job.cube, &job.manifest, &job.run, &job.buffers, |_| true);
         tiling.push(t.elapsed().as_secs_f64());
     }
     let pixels = stats.pixels;

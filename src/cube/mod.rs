@@ -186,6 +186,51 @@ impl Cube {
         }
     }
 
+    /// Decodes samples `x0..x0 + out.len()` of band `band` on line `line` into `out`, each value
+    /// `v` as `(v - offset) * scale`.
+    ///
+    /// This is the tiler's read path: a window is built straight from the mapped file, decoding
+    /// and normalising in one pass, so no decoded copy of the scene is kept. The indices are the
+    /// caller's invariants (derived from this header), checked with a debug assertion.
+    pub fn read_span(&self, line: usize, band: usize, x0: usize, offset: f32, scale: f32, out: &mut [f32]) {
+        let h = &self.header;
+        let (s, b, l) = (h.samples, h.bands, h.lines);
+        debug_assert!(line < l && band < b && x0 + out.len() <= s);
+        let size = h.data_type.size();
+        let data = self.data();
+        let n = out.len();
+        match h.interleave {
+            Interleave::Bil | Interleave::Bsq => {
+                let row = match h.interleave {
+                    Interleave::Bil => line * b + band,
+                    _ => band * l + line,
+                };
+                let start = (row * s + x0) * size;
+                decode_scaled(
+                    &data[start..start + n * size],
+                    h.data_type,
+                    h.byte_order,
+                    offset,
+                    scale,
+                    out,
+                );
+            }
+            Interleave::Bip => {
+                for (dx, o) in out.iter_mut().enumerate() {
+                    let at = ((line * s + x0 + dx) * b + band) * size;
+                    decode_scaled(
+                        &data[at..at + size],
+                        h.data_type,
+                        h.byte_order,
+                        offset,
+                        scale,
+                        std::slice::from_mut(o),
+                    );
+                }
+            }
+        }
+    }
+
     /// Reads the whole cube as `lines x bands x samples` raw values (BIL order).
     pub fn read_all(&self) -> Vec<f32> {
         let per_line = self.bands() * self.samples();
@@ -199,6 +244,13 @@ impl Cube {
 
 /// Decodes `out.len()` consecutive samples of `dt` from `bytes`.
 pub fn decode(bytes: &[u8], dt: DataType, order: ByteOrder, out: &mut [f32]) {
+    // `(v - 0) * 1` is `v` exactly in IEEE arithmetic.
+    decode_scaled(bytes, dt, order, 0.0, 1.0, out);
+}
+
+/// Decodes `out.len()` consecutive samples of `dt` from `bytes`, each value `v` as
+/// `(v - offset) * scale` (rounded as `f32` arithmetic: the same result as decoding first).
+pub fn decode_scaled(bytes: &[u8], dt: DataType, order: ByteOrder, offset: f32, scale: f32, out: &mut [f32]) {
     macro_rules! run {
         ($t:ty, $n:literal) => {{
             // The byte order is decided once per call, not per sample, so the loop vectorises.
@@ -208,14 +260,14 @@ pub fn decode(bytes: &[u8], dt: DataType, order: ByteOrder, out: &mut [f32]) {
                     for (o, c) in pairs {
                         let mut a = [0u8; $n];
                         a.copy_from_slice(c);
-                        *o = <$t>::from_le_bytes(a) as f32;
+                        *o = (<$t>::from_le_bytes(a) as f32 - offset) * scale;
                     }
                 }
                 ByteOrder::Big => {
                     for (o, c) in pairs {
                         let mut a = [0u8; $n];
                         a.copy_from_slice(c);
-                        *o = <$t>::from_be_bytes(a) as f32;
+                        *o = (<$t>::from_be_bytes(a) as f32 - offset) * scale;
                     }
                 }
             }
@@ -224,7 +276,7 @@ pub fn decode(bytes: &[u8], dt: DataType, order: ByteOrder, out: &mut [f32]) {
     match dt {
         DataType::U8 => {
             for (o, v) in out.iter_mut().zip(bytes) {
-                *o = f32::from(*v);
+                *o = (f32::from(*v) - offset) * scale;
             }
         }
         DataType::I16 => run!(i16, 2),
