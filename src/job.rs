@@ -346,12 +346,8 @@ impl Job {
             &mut sampling,
             adapt,
         );
-        // The run's buffers and the session's arena are still held, so the end is sampled too;
-        // the high-water mark less the file pages mapped by now catches a peak between samples.
-        let hwm = budget::read_process_hwm(&root).unwrap_or(0);
-        let bound = hwm.saturating_sub(status_kib(&root, "RssFile:") + status_kib(&root, "RssShmem:"));
-        let peak = peak.max(anon_bytes(&root)).max(bound);
-        self.peak_anon_bytes = peak;
+        // The run's buffers and the session's arena are still held, so the end is sampled too.
+        self.peak_anon_bytes = peak.max(anon_bytes(&root)).max(hwm_anon_bound(&root).unwrap_or(0));
         self.adjustments = governor.map(|g| g.changes).unwrap_or_default();
         Ok(result?)
     }
@@ -644,15 +640,11 @@ pub fn auto_batch(
                     pipeline::probe(cube, manifest, graph, &opts, batches)
                 });
                 result?;
-                // The high-water mark less the (reclaimable) file pages mapped by the end bounds the
-                // anonymous peak from below; the 2 ms samples catch it from inside the run.
-                let hwm = budget::read_process_hwm(root)?;
-                let file = status_kib(root, "RssFile:") + status_kib(root, "RssShmem:");
                 // The buffers in flight besides the running one (all faulted in at the start) are
                 // taken out, so the fit is the run's own cost and the plan can add the count the
                 // chosen batch will have.
                 Ok(sampled
-                    .max(hwm.saturating_sub(file))
+                    .max(hwm_anon_bound(root)?)
                     .saturating_sub(in_flight_at(b) * in_bytes * b))
             })?;
             Some(cal)
@@ -808,19 +800,30 @@ pub fn anon_bytes(root: &Path) -> u64 {
 
 /// A `kB` field of `/proc/self/status`, in bytes (0 when absent).
 fn status_kib(root: &Path, field: &str) -> u64 {
-    std::fs::read_to_string(root.join("proc/self/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix(field))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        })
+    std::fs::read_to_string(root.join("proc/self/status")).map_or(0, |text| kib_field(&text, field))
+}
+
+/// A `kB` field of the text of a `status` file, in bytes (0 when absent).
+fn kib_field(text: &str, field: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
 }
 
+/// The resident high-water mark less the file and shared pages mapped now: a lower bound of the
+/// anonymous peak since the mark was reset (the mapped scene's pages only grow during a run), which
+/// catches a peak shorter than the sampling period.
+fn hwm_anon_bound(root: &Path) -> Result<u64, BudgetError> {
+    let hwm = budget::read_process_hwm(root)?;
+    let text = std::fs::read_to_string(root.join("proc/self/status")).unwrap_or_default();
+    Ok(hwm.saturating_sub(kib_field(&text, "RssFile:") + kib_field(&text, "RssShmem:")))
+}
+
 /// Runs `f` while a thread samples this process's `RssAnon` every 2 ms; returns its result and the
-/// peak. Sampling catches the peak without counting the mapped scene's (reclaimable) pages; the
-/// calibration probes use it (a timed run samples on its own thread, see [`Job::infer`]).
+/// peak sampled. Sampling catches the peak without counting the mapped scene's (reclaimable)
+/// pages; the calibration probes use it (a timed run samples on its own thread, see
+/// [`Job::infer`]). The high-water-mark bound the callers add catches a peak between samples.
 pub fn with_peak_anon<T>(root: &Path, f: impl FnOnce() -> T) -> (T, u64) {
     let done = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
@@ -837,14 +840,7 @@ pub fn with_peak_anon<T>(root: &Path, f: impl FnOnce() -> T) -> (T, u64) {
         let result = f();
         done.store(true, std::sync::atomic::Ordering::Release);
         sampler.thread().unpark();
-        // The high-water mark less the file pages mapped by now bounds the anonymous peak from
-        // below and catches a peak shorter than the sampling period.
-        let hwm = budget::read_process_hwm(root).unwrap_or(0);
-        let bound = hwm.saturating_sub(status_kib(root, "RssFile:") + status_kib(root, "RssShmem:"));
-        let r = sampler.join().unwrap_or(0).max(bound);
-        let _ = std::fs::read_to_string("/proc/self/statm");
-        let _ = std::fs::read_to_string("/proc/self/status");
-        (result, r)
+        (result, sampler.join().unwrap_or(0))
     })
 }
 

@@ -205,6 +205,17 @@ pub fn produce_with(
     let (wh, ww) = (grid.window_h(), grid.window_w());
     let shape = WindowShape { bands, h: wh, w: ww };
     let mut scratch: Vec<f32> = Vec::new();
+    let mut fill = |lines: &[usize], col: usize, out: &mut Vec<f32>| {
+        fill_window(
+            cube,
+            lines,
+            &grid.window_samples(col),
+            mean,
+            &inv_std,
+            &mut scratch,
+            out,
+        );
+    };
     let mut window: Vec<f32> = match opts.mode {
         Mode::Patch => Vec::with_capacity(bands * wh * ww),
         Mode::Dense => Vec::new(),
@@ -259,15 +270,7 @@ pub fn produce_with(
                     }
                     // Appended straight to the batch: a window is megabytes, and a copy through a
                     // scratch buffer (or zeroing first) would write it twice.
-                    fill_window(
-                        cube,
-                        &lines,
-                        &grid.window_samples(col),
-                        mean,
-                        &inv_std,
-                        &mut scratch,
-                        &mut batch.data,
-                    );
+                    fill(&lines, col, &mut batch.data);
                     batch.tiles.push(rect);
                     if batch.tiles.len() >= cap && !sink(finish(&mut batch)) {
                         return;
@@ -275,15 +278,7 @@ pub fn produce_with(
                 }
                 Mode::Patch => {
                     window.clear();
-                    fill_window(
-                        cube,
-                        &lines,
-                        &grid.window_samples(col),
-                        mean,
-                        &inv_std,
-                        &mut scratch,
-                        &mut window,
-                    );
+                    fill(&lines, col, &mut window);
                     for i in 0..rect.h {
                         for j in 0..rect.w {
                             if !start(&mut batch, &mut cap) {
