@@ -73,6 +73,21 @@ pub fn lower_thread_priority(increment: i32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Moves the calling thread to the `SCHED_IDLE` policy: it runs on cores no other thread wants
+/// and yields to any thread that wakes (a high nice value still takes a share of a busy core).
+/// For housekeeping that may wait indefinitely; needs no privilege.
+pub fn idle_thread_policy() -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: pid 0 is the calling thread; `param` outlives the call.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// An ONNX Runtime call that returned an error status.
 #[derive(Debug, thiserror::Error)]
 #[error("ONNX Runtime `{call}`: {message}")]

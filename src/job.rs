@@ -8,15 +8,18 @@ use crate::budget::{self, Adjustment, BudgetConfig, BudgetError, Calibration, Ch
 use crate::cube::{Cube, CubeError};
 use crate::engine::{EngineError, EngineOptions, Graph, Runtime};
 use crate::graph::{self, GraphError, ShapeBindings};
-use crate::map::{MapError, Staged};
+use crate::map::{MapError, MapShape, Staged};
 use crate::model::{Manifest, ModelError, Role, Task};
 use crate::pipeline::{self, Maps, Mode, PipelineError, RunOptions, RunStats};
 
-/// Default patches per batch when `--batch auto` has no memory budget to go by.
-pub const DEFAULT_PATCH_BATCH: usize = 256;
+/// Patches per batch when `hsiedge bench` is given none, and where `--batch auto` starts before
+/// its memory plan (budget, calibration, cached sweep) sets the batch. A 32-patch batch (3 MB for
+/// Salinas-A) is still in cache when the engine reads what the tiling thread wrote: patch mode
+/// runs within 3 % of pure inference there, 8 % at 256.
+pub const DEFAULT_PATCH_BATCH: usize = 32;
 /// Default tiles per batch in dense mode.
 pub const DEFAULT_DENSE_BATCH: usize = 1;
-/// Default tile side.
+/// Default tile side (the grid splits a scene into equal tiles no larger than this).
 pub const DEFAULT_TILE: usize = 64;
 
 /// Batches the tiling thread may hold ready ahead of the engine. One is enough to hide tiling
@@ -227,6 +230,18 @@ pub struct Job {
     peak_anon_bytes: u64,
     /// Batch buffers kept from run to run (the next run starts with them resident).
     pub buffers: pipeline::BufferPool,
+    /// The output set of the last run, its headers staged while it ran.
+    staged: Option<Staged>,
+    /// Unlinking the files the last write replaced.
+    unlinking: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if let Some(h) = self.unlinking.take() {
+            let _ = h.join();
+        }
+    }
 }
 
 /// How `--batch auto` chose: the calibrated cost, the plan, the budget sources.
@@ -312,6 +327,8 @@ impl Job {
             adjustments: Vec::new(),
             peak_anon_bytes: 0,
             buffers: pipeline::BufferPool::new(1),
+            staged: None,
+            unlinking: None,
         })
     }
 
@@ -337,30 +354,69 @@ impl Job {
             }
             progress(done);
         };
-        let result = pipeline::run(
-            &self.cube,
-            &self.manifest,
-            &mut self.graph,
-            &self.run,
-            &self.buffers,
-            &mut sampling,
-            adapt,
-        );
+        let shape = self.map_shape();
+        let (out, manifest, scene) = (&self.spec.out, &self.manifest, self.cube.header());
+        // The headers depend only on the run's shape, so they are staged and synced while it runs.
+        let (result, staged) = std::thread::scope(|scope| {
+            let headers = scope.spawn(move || -> Result<Staged, MapError> {
+                let mut staged = Staged::new(out)?;
+                crate::map::stage_headers(&mut staged, shape, manifest, scene)?;
+                Ok(staged)
+            });
+            let result = pipeline::run(
+                &self.cube,
+                &self.manifest,
+                &mut self.graph,
+                &self.run,
+                &self.buffers,
+                &mut sampling,
+                adapt,
+            );
+            let staged = headers.join().unwrap_or_else(|_| {
+                Err(MapError::Io {
+                    path: out.clone(),
+                    source: std::io::Error::other("the header staging thread panicked"),
+                })
+            });
+            (result, staged)
+        });
         // The run's buffers and the session's arena are still held, so the end is sampled too.
         self.peak_anon_bytes = peak.max(anon_bytes(&root)).max(hwm_anon_bound(&root).unwrap_or(0));
         self.adjustments = governor.map(|g| g.changes).unwrap_or_default();
-        Ok(result?)
+        let result = result?;
+        self.staged = Some(staged?);
+        Ok(result)
+    }
+
+    /// The shape of the maps a run of this job makes.
+    fn map_shape(&self) -> MapShape {
+        MapShape {
+            lines: self.cube.lines(),
+            samples: self.cube.samples(),
+            channels: self.manifest.classes(),
+            scores: self.run.keep_scores || self.manifest.task != Task::Classification,
+        }
     }
 
     /// Writes the maps and `summary.json` atomically into the output folder and returns the summary.
-    pub fn write(&self, maps: &Maps, stats: &RunStats) -> Result<Summary, JobError> {
+    ///
+    /// The files a write replaces are unlinked on a thread of their own after the commit; the next
+    /// write, or dropping the job, waits for it.
+    pub fn write(&mut self, maps: &Maps, stats: &RunStats) -> Result<Summary, JobError> {
         let t0 = Instant::now();
         let accuracy = match &self.spec.labels {
             Some(p) => Some(accuracy(maps, p)?),
             None => None,
         };
-        let mut staged = Staged::new(&self.spec.out)?;
-        let written = crate::map::stage_maps(&mut staged, maps, &self.manifest, self.cube.header())?;
+        let mut staged = match self.staged.take() {
+            Some(s) if s.dir() == self.spec.out && MapShape::of(maps) == self.map_shape() => s,
+            _ => {
+                let mut s = Staged::new(&self.spec.out)?;
+                crate::map::stage_headers(&mut s, MapShape::of(maps), &self.manifest, self.cube.header())?;
+                s
+            }
+        };
+        let written = crate::map::stage_maps(&mut staged, maps, &self.manifest)?;
         let mut summary = Summary {
             scene: self.cube.header_path().to_path_buf(),
             model: self.manifest.name.clone(),
@@ -394,7 +450,11 @@ impl Job {
         summary.write_s = t0.elapsed().as_secs_f64();
         let json = serde_json::to_vec_pretty(&summary).unwrap_or_default();
         staged.add("summary.json", &json)?;
-        staged.commit()?;
+        let retired = staged.commit()?;
+        if let Some(h) = self.unlinking.take() {
+            let _ = h.join();
+        }
+        self.unlinking = retired.remove_in_background();
         Ok(summary)
     }
 }

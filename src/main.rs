@@ -476,7 +476,7 @@ fn run(cli: Cli) -> Result<()> {
                 mode,
                 tile,
                 batches: if batches.is_empty() {
-                    hsiedge::bench::sweep::default_batches(mode)
+                    hsiedge::bench::sweep::default_batches(mode, tile)
                 } else {
                     batches
                 },

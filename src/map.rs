@@ -32,10 +32,25 @@ pub enum MapError {
 
 /// Files written into one folder atomically: each is staged as a hidden temporary file and all are
 /// renamed into place by [`Staged::commit`]; dropping without committing removes the temporaries.
+///
+/// Each file's sync to disk starts as soon as it is staged, on its own thread, so the syncs overlap
+/// each other and whatever is staged after them. A file that replaces one already in the folder
+/// first gets a hidden hard link to the old one: the rename then only swaps a directory entry, and
+/// freeing the old file's blocks (a quarter of a millisecond per file on ext4, longer than the
+/// rename) is left to [`Retired`], off the path of the write. A crash can leave hidden
+/// `.NAME.*.tmp` and `.NAME.*.replaced` files behind; they are never read and safe to delete.
 #[derive(Debug)]
 pub struct Staged {
     dir: PathBuf,
-    files: Vec<(tempfile::NamedTempFile, PathBuf)>,
+    files: Vec<Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    tmp: tempfile::NamedTempFile,
+    path: PathBuf,
+    sync: std::thread::JoinHandle<std::io::Result<()>>,
+    replaced: Option<PathBuf>,
 }
 
 impl Staged {
@@ -51,7 +66,12 @@ impl Staged {
         })
     }
 
-    /// Stages `bytes` as `name` and returns the final path.
+    /// The folder the files go to.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Stages `bytes` as `name`, starts its sync, and returns the final path.
     pub fn add(&mut self, name: &str, bytes: &[u8]) -> Result<PathBuf, MapError> {
         let path = self.dir.join(name);
         let io = |source| MapError::Io {
@@ -64,30 +84,56 @@ impl Staged {
             .tempfile_in(&self.dir)
             .map_err(io)?;
         tmp.write_all(bytes).map_err(io)?;
-        self.files.push((tmp, path.clone()));
+        let file = tmp.as_file().try_clone().map_err(io)?;
+        let sync = std::thread::Builder::new()
+            .name("hsiedge-sync".into())
+            .spawn(move || file.sync_all())
+            .map_err(io)?;
+        let replaced = self.keep_replaced(name, &path);
+        self.files.push(Entry {
+            tmp,
+            path: path.clone(),
+            sync,
+            replaced,
+        });
         Ok(path)
     }
 
-    /// Syncs every staged file to disk (concurrently: the cost is one sync's latency, not the sum),
-    /// renames each into place in staging order, then syncs the folder.
-    pub fn commit(self) -> Result<(), MapError> {
-        std::thread::scope(|scope| {
-            let syncs: Vec<_> = self
-                .files
-                .iter()
-                .map(|(tmp, path)| {
-                    scope.spawn(move || tmp.as_file().sync_all().map_err(|source| (path.clone(), source)))
-                })
-                .collect();
-            syncs.into_iter().try_for_each(|h| match h.join() {
-                Ok(result) => result.map_err(|(path, source)| MapError::Io { path, source }),
-                Err(_) => Err(MapError::Io {
-                    path: self.dir.clone(),
-                    source: std::io::Error::other("a file sync thread panicked"),
-                }),
-            })
-        })?;
-        for (tmp, path) in self.files {
+    /// A hidden hard link to the file at `path`, when there is one to replace; `None` when there
+    /// is not or the file system cannot link (the rename then frees the old file itself).
+    fn keep_replaced(&self, name: &str, path: &Path) -> Option<PathBuf> {
+        if !path.exists() {
+            return None;
+        }
+        let link = self.dir.join(format!(".{name}.{}.replaced", std::process::id()));
+        // A link of the same name is a leftover of an earlier process with this id.
+        let _ = std::fs::remove_file(&link);
+        std::fs::hard_link(path, &link).ok().map(|()| link)
+    }
+
+    /// Waits for every staged file's sync, renames each into place in staging order, then syncs
+    /// the folder. The files replaced are unlinked when the returned [`Retired`] is dropped or
+    /// handed to [`Retired::remove_in_background`].
+    pub fn commit(mut self) -> Result<Retired, MapError> {
+        let mut retired = Retired { links: Vec::new() };
+        let mut entries = Vec::with_capacity(self.files.len());
+        let mut failed = None;
+        for e in std::mem::take(&mut self.files) {
+            retired.links.extend(e.replaced.clone());
+            let synced = match e.sync.join() {
+                Ok(r) => r,
+                Err(_) => Err(std::io::Error::other("a file sync thread panicked")),
+            };
+            match synced {
+                Ok(()) => entries.push((e.tmp, e.path)),
+                Err(source) if failed.is_none() => failed = Some(MapError::Io { path: e.path, source }),
+                Err(_) => {}
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        for (tmp, path) in entries {
             tmp.persist(&path).map_err(|e| MapError::Io {
                 path: path.clone(),
                 source: e.error,
@@ -96,7 +142,61 @@ impl Staged {
         if let Ok(d) = std::fs::File::open(&self.dir) {
             let _ = d.sync_all();
         }
-        Ok(())
+        Ok(retired)
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        // Not committed: the old files stay in place, so their extra links go.
+        for e in &self.files {
+            if let Some(link) = &e.replaced {
+                let _ = std::fs::remove_file(link);
+            }
+        }
+    }
+}
+
+/// The files a commit replaced, still linked under hidden names; dropping unlinks them.
+#[derive(Debug)]
+#[must_use = "dropping unlinks the replaced files on this thread; see `remove_in_background`"]
+pub struct Retired {
+    links: Vec<PathBuf>,
+}
+
+impl Retired {
+    /// Unlinks the replaced files on a thread of their own; join the handle before the process
+    /// exits, or the hidden links may stay behind. `None` when there is nothing to unlink.
+    pub fn remove_in_background(mut self) -> Option<std::thread::JoinHandle<()>> {
+        if self.links.is_empty() {
+            return None;
+        }
+        let retired = Retired {
+            links: std::mem::take(&mut self.links),
+        };
+        // When the thread cannot start, the closure and `retired` with it are dropped here, which
+        // unlinks on this thread.
+        std::thread::Builder::new()
+            .name("hsiedge-unlink".into())
+            .spawn(move || {
+                // Freeing the old files' blocks is kernel work that would otherwise take its
+                // share of the cores from the next run's intra-op threads.
+                let _ = crate::ffi::idle_thread_policy();
+                drop(retired)
+            })
+            .ok()
+    }
+
+    fn remove(&mut self) {
+        for link in self.links.drain(..) {
+            let _ = std::fs::remove_file(link);
+        }
+    }
+}
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        self.remove();
     }
 }
 
@@ -106,8 +206,34 @@ fn georef(from: &Header, to: &mut Header) {
     to.coordinate_system.clone_from(&from.coordinate_system);
 }
 
-/// The ENVI classification header for `maps` from `manifest` (class ids index the name list).
-pub fn class_header(maps: &Maps, manifest: &Manifest, scene: &Header) -> Header {
+/// What the headers of a run's maps describe, known before the run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapShape {
+    /// Scene lines.
+    pub lines: usize,
+    /// Scene samples.
+    pub samples: usize,
+    /// Output channels.
+    pub channels: usize,
+    /// Whether every channel is written (the abundance or score map).
+    pub scores: bool,
+}
+
+impl MapShape {
+    /// The shape of `maps`.
+    pub fn of(maps: &Maps) -> Self {
+        Self {
+            lines: maps.lines,
+            samples: maps.samples,
+            channels: maps.channels,
+            scores: maps.scores.is_some(),
+        }
+    }
+}
+
+/// The ENVI classification header of a `samples` x `lines` class map from `manifest` (class ids
+/// index the name list).
+pub fn class_header(samples: usize, lines: usize, manifest: &Manifest, scene: &Header) -> Header {
     let max_id = manifest.outputs.iter().map(|o| o.id).max().unwrap_or(0) as usize;
     let mut names: Vec<String> = (0..=max_id).map(|i| format!("unused_{i}")).collect();
     let mut colors = vec![[0u8, 0, 0]; max_id + 1];
@@ -116,7 +242,7 @@ pub fn class_header(maps: &Maps, manifest: &Manifest, scene: &Header) -> Header 
         names[o.id as usize] = o.name.replace(',', ";");
         colors[o.id as usize] = manifest.color(k);
     }
-    let mut h = Header::new(maps.samples, maps.lines, 1, DataType::U8, Interleave::Bsq);
+    let mut h = Header::new(samples, lines, 1, DataType::U8, Interleave::Bsq);
     h.file_type = Some("ENVI Classification".into());
     h.description = Some(format!("hsiedge class map, model {}", manifest.name));
     h.classes = Some(max_id + 1);
@@ -140,25 +266,39 @@ pub struct Written {
     pub quicklook: PathBuf,
 }
 
-/// Stages the maps of one run: class and confidence maps (classification) or abundances, plus the
-/// quick-look.
-pub fn stage_maps(staged: &mut Staged, maps: &Maps, manifest: &Manifest, scene: &Header) -> Result<Written, MapError> {
-    let mut w = Written::default();
+fn scores_name(manifest: &Manifest) -> &'static str {
+    if manifest.task == Task::Abundance {
+        "abundance"
+    } else {
+        "scores"
+    }
+}
+
+/// Stages the ENVI headers of a run's maps, which depend only on its shape: a job stages them
+/// while the run is in flight, so only the data is left for after the last batch.
+pub fn stage_headers(
+    staged: &mut Staged,
+    shape: MapShape,
+    manifest: &Manifest,
+    scene: &Header,
+) -> Result<(), MapError> {
     if manifest.task == Task::Classification {
-        w.class_map = Some(staged.add("class_map.img", &maps.class_ids)?);
-        staged.add(
-            "class_map.hdr",
-            class_header(maps, manifest, scene).to_text().as_bytes(),
-        )?;
-        let mut h = Header::new(maps.samples, maps.lines, 1, DataType::F32, Interleave::Bsq);
+        let h = class_header(shape.samples, shape.lines, manifest, scene);
+        staged.add("class_map.hdr", h.to_text().as_bytes())?;
+        let mut h = Header::new(shape.samples, shape.lines, 1, DataType::F32, Interleave::Bsq);
         h.description = Some(format!("hsiedge confidence (softmax maximum), model {}", manifest.name));
         h.band_names = vec!["confidence".into()];
         georef(scene, &mut h);
-        w.confidence_map = Some(staged.add("confidence.img", &encode_f32(&maps.confidence))?);
         staged.add("confidence.hdr", h.to_text().as_bytes())?;
     }
-    if let Some(scores) = &maps.scores {
-        let mut h = Header::new(maps.samples, maps.lines, maps.channels, DataType::F32, Interleave::Bsq);
+    if shape.scores {
+        let mut h = Header::new(
+            shape.samples,
+            shape.lines,
+            shape.channels,
+            DataType::F32,
+            Interleave::Bsq,
+        );
         let what = if manifest.task == Task::Abundance {
             "abundances"
         } else {
@@ -167,13 +307,21 @@ pub fn stage_maps(staged: &mut Staged, maps: &Maps, manifest: &Manifest, scene: 
         h.description = Some(format!("hsiedge {what}, model {}", manifest.name));
         h.band_names = manifest.outputs.iter().map(|o| o.name.replace(',', ";")).collect();
         georef(scene, &mut h);
-        let name = if manifest.task == Task::Abundance {
-            "abundance"
-        } else {
-            "scores"
-        };
-        w.scores_map = Some(staged.add(&format!("{name}.img"), &encode_f32(scores))?);
-        staged.add(&format!("{name}.hdr"), h.to_text().as_bytes())?;
+        staged.add(&format!("{}.hdr", scores_name(manifest)), h.to_text().as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Stages the data of a run's maps (class and confidence maps for classification, the abundance
+/// or score map when kept) and the quick-look; their headers come from [`stage_headers`].
+pub fn stage_maps(staged: &mut Staged, maps: &Maps, manifest: &Manifest) -> Result<Written, MapError> {
+    let mut w = Written::default();
+    if manifest.task == Task::Classification {
+        w.class_map = Some(staged.add("class_map.img", &maps.class_ids)?);
+        w.confidence_map = Some(staged.add("confidence.img", &encode_f32(&maps.confidence))?);
+    }
+    if let Some(scores) = &maps.scores {
+        w.scores_map = Some(staged.add(&format!("{}.img", scores_name(manifest)), &encode_f32(scores))?);
     }
     let png = quicklook_png(maps, manifest).map_err(|message| MapError::Png {
         path: staged.dir.join("quicklook.png"),
@@ -183,42 +331,16 @@ pub fn stage_maps(staged: &mut Staged, maps: &Maps, manifest: &Manifest, scene: 
     Ok(w)
 }
 
-/// RGB pixels of the map: class colours, or the colour mix of the abundances.
-fn map_rgb(maps: &Maps, manifest: &Manifest) -> Vec<[u8; 3]> {
-    let n = maps.lines * maps.samples;
-    if manifest.task == Task::Classification {
-        let by_id: std::collections::HashMap<u8, [u8; 3]> = manifest
-            .outputs
-            .iter()
-            .enumerate()
-            .map(|(k, o)| (o.id as u8, manifest.color(k)))
-            .collect();
-        maps.class_ids
-            .iter()
-            .map(|id| by_id.get(id).copied().unwrap_or([0, 0, 0]))
-            .collect()
-    } else {
-        let scores = maps.scores.as_deref().unwrap_or(&[]);
-        (0..n)
-            .map(|i| {
-                let mut rgb = [0f32; 3];
-                for k in 0..maps.channels {
-                    let a = scores.get(k * n + i).copied().unwrap_or(0.0).clamp(0.0, 1.0);
-                    for (c, v) in rgb.iter_mut().enumerate() {
-                        *v += a * f32::from(manifest.color(k)[c]);
-                    }
-                }
-                rgb.map(|v| v.clamp(0.0, 255.0) as u8)
-            })
-            .collect()
-    }
-}
+/// Palette slots of a classification quick-look: background, ink, then one per class.
+const WHITE: u8 = 0;
+const BLACK: u8 = 1;
 
 /// Renders the quick-look: the map scaled by an integer factor, and a legend of colours and names.
+///
+/// A class map is drawn as an indexed PNG (one byte a pixel, a third of the bytes to filter and
+/// compress; written after the last batch, it is on the run's critical path); abundances, mixed
+/// colours, as RGB.
 pub fn quicklook_png(maps: &Maps, manifest: &Manifest) -> Result<Vec<u8>, String> {
-    let rgb = map_rgb(maps, manifest);
-    let scale = (256 / maps.lines.max(maps.samples)).clamp(1, 8);
-    let (mw, mh) = (maps.samples * scale, maps.lines * scale);
     let names: Vec<String> = manifest
         .outputs
         .iter()
@@ -230,28 +352,93 @@ pub fn quicklook_png(maps: &Maps, manifest: &Manifest) -> Result<Vec<u8>, String
             }
         })
         .collect();
+    let n = maps.lines * maps.samples;
+    let k = manifest.outputs.len();
+    if manifest.task == Task::Classification && k + 2 <= 256 {
+        let mut by_id = [BLACK; 256];
+        for (i, o) in manifest.outputs.iter().enumerate() {
+            if let Some(slot) = by_id.get_mut(o.id as usize) {
+                *slot = (i + 2) as u8;
+            }
+        }
+        let index: Vec<u8> = maps.class_ids.iter().map(|&id| by_id[usize::from(id)]).collect();
+        let swatches: Vec<u8> = (0..k).map(|i| (i + 2) as u8).collect();
+        let (img, w, h) = render(&index, maps, &names, &swatches, WHITE, BLACK);
+        let mut palette = vec![255u8, 255, 255, 0, 0, 0];
+        palette.extend((0..k).flat_map(|i| manifest.color(i)));
+        encode_png(&img, w, h, Some(palette))
+    } else {
+        let rgb: Vec<[u8; 3]> = if manifest.task == Task::Classification {
+            let by_id: std::collections::HashMap<u8, [u8; 3]> = manifest
+                .outputs
+                .iter()
+                .enumerate()
+                .map(|(i, o)| (o.id as u8, manifest.color(i)))
+                .collect();
+            maps.class_ids
+                .iter()
+                .map(|id| by_id.get(id).copied().unwrap_or([0, 0, 0]))
+                .collect()
+        } else {
+            let scores = maps.scores.as_deref().unwrap_or(&[]);
+            (0..n)
+                .map(|i| {
+                    let mut rgb = [0f32; 3];
+                    for c in 0..maps.channels {
+                        let a = scores.get(c * n + i).copied().unwrap_or(0.0).clamp(0.0, 1.0);
+                        for (j, v) in rgb.iter_mut().enumerate() {
+                            *v += a * f32::from(manifest.color(c)[j]);
+                        }
+                    }
+                    rgb.map(|v| v.clamp(0.0, 255.0) as u8)
+                })
+                .collect()
+        };
+        let swatches: Vec<[u8; 3]> = (0..k).map(|i| manifest.color(i)).collect();
+        let (img, w, h) = render(&rgb, maps, &names, &swatches, [255; 3], [0; 3]);
+        encode_png(img.as_flattened(), w, h, None)
+    }
+}
+
+/// Draws `map` (`maps.lines` x `maps.samples` pixels) scaled up, with a legend of `swatches`
+/// and `names` beside it, on a `background` canvas with `ink` for text and swatch edges.
+fn render<P: Copy>(
+    map: &[P],
+    maps: &Maps,
+    names: &[String],
+    swatches: &[P],
+    background: P,
+    ink: P,
+) -> (Vec<P>, usize, usize) {
+    let scale = (256 / maps.lines.max(maps.samples).max(1)).clamp(1, 8);
+    let (mw, mh) = (maps.samples * scale, maps.lines * scale);
     let text_w = names.iter().map(|n| n.chars().count()).max().unwrap_or(0) * 8;
     let legend_w = 8 + 12 + 6 + text_w + 8;
     let row_h = 14;
     let legend_h = 8 + names.len() * row_h + 8;
     let (w, h) = (mw + legend_w, mh.max(legend_h));
-    let mut img = vec![255u8; w * h * 3];
-    let mut set = |x: usize, y: usize, c: [u8; 3]| {
-        if x < w && y < h {
-            img[(y * w + x) * 3..(y * w + x) * 3 + 3].copy_from_slice(&c);
+    let mut img = vec![background; w * h];
+    // Each map row is scaled once and its copies are row copies.
+    for (y, src) in map.chunks_exact(maps.samples.max(1)).enumerate().take(maps.lines) {
+        let row = &mut img[y * scale * w..y * scale * w + mw];
+        for (x, &p) in src.iter().enumerate() {
+            row[x * scale..(x + 1) * scale].fill(p);
         }
-    };
-    for y in 0..mh {
-        for x in 0..mw {
-            set(x, y, rgb[(y / scale) * maps.samples + x / scale]);
+        for dy in 1..scale {
+            img.copy_within(y * scale * w..y * scale * w + mw, (y * scale + dy) * w);
         }
     }
-    for (k, name) in names.iter().enumerate() {
+    let mut set = |x: usize, y: usize, c: P| {
+        if x < w && y < h {
+            img[y * w + x] = c;
+        }
+    };
+    for (k, (name, &swatch)) in names.iter().zip(swatches).enumerate() {
         let (x0, y0) = (mw + 8, 8 + k * row_h);
         for dy in 0..12 {
             for dx in 0..12 {
                 let edge = dx == 0 || dy == 0 || dx == 11 || dy == 11;
-                set(x0 + dx, y0 + dy, if edge { [0, 0, 0] } else { manifest.color(k) });
+                set(x0 + dx, y0 + dy, if edge { ink } else { swatch });
             }
         }
         for (i, ch) in name.chars().enumerate() {
@@ -262,22 +449,33 @@ pub fn quicklook_png(maps: &Maps, manifest: &Manifest) -> Result<Vec<u8>, String
             for (gy, bits) in glyph.iter().enumerate() {
                 for gx in 0..8 {
                     if bits >> gx & 1 == 1 {
-                        set(x0 + 18 + i * 8 + gx, y0 + 2 + gy, [0, 0, 0]);
+                        set(x0 + 18 + i * 8 + gx, y0 + 2 + gy, ink);
                     }
                 }
             }
         }
     }
+    (img, w, h)
+}
+
+/// Encodes 8-bit pixels: indexed with `palette` (RGB triples), RGB without.
+fn encode_png(pixels: &[u8], w: usize, h: usize, palette: Option<Vec<u8>>) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     let width = u32::try_from(w).map_err(|e| e.to_string())?;
     let height = u32::try_from(h).map_err(|e| e.to_string())?;
     let mut enc = png::Encoder::new(&mut out, width, height);
-    enc.set_color(png::ColorType::Rgb);
+    match palette {
+        Some(p) => {
+            enc.set_color(png::ColorType::Indexed);
+            enc.set_palette(p);
+        }
+        None => enc.set_color(png::ColorType::Rgb),
+    }
     enc.set_depth(png::BitDepth::Eight);
     // A quick-look is for eyes, and it is written after the last batch, on the run's critical path.
     enc.set_compression(png::Compression::Fast);
     let mut writer = enc.write_header().map_err(|e| e.to_string())?;
-    writer.write_image_data(&img).map_err(|e| e.to_string())?;
+    writer.write_image_data(pixels).map_err(|e| e.to_string())?;
     writer.finish().map_err(|e| e.to_string())?;
     Ok(out)
 }
@@ -285,6 +483,7 @@ pub fn quicklook_png(maps: &Maps, manifest: &Manifest) -> Result<Vec<u8>, String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Manifest;
 
     #[test]
     fn staged_files_appear_only_on_commit() {
@@ -301,7 +500,96 @@ mod tests {
         );
         let mut s = Staged::new(&out).unwrap();
         let p = s.add("a.img", b"abc").unwrap();
-        s.commit().unwrap();
+        drop(s.commit().unwrap());
         assert_eq!(std::fs::read(p).unwrap(), b"abc");
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_replaced_set_stays_whole_until_commit_and_leaves_nothing_hidden() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let mut s = Staged::new(&out).unwrap();
+        s.add("a.img", b"old a").unwrap();
+        s.add("b.img", b"old b").unwrap();
+        drop(s.commit().unwrap());
+
+        // Abandoned: the old set is untouched and its extra links are gone.
+        let mut s = Staged::new(&out).unwrap();
+        s.add("a.img", b"new a").unwrap();
+        assert!(names(&out).iter().any(|n| n.ends_with(".replaced")));
+        drop(s);
+        assert_eq!(names(&out), ["a.img", "b.img"]);
+        assert_eq!(std::fs::read(out.join("a.img")).unwrap(), b"old a");
+
+        // Committed: every file is new, the old data stays readable through the hidden link
+        // until the replaced files are retired, in the background, and nothing hidden is left.
+        let mut s = Staged::new(&out).unwrap();
+        s.add("a.img", b"new a").unwrap();
+        s.add("b.img", b"new b").unwrap();
+        s.add("c.img", b"new c").unwrap();
+        let retired = s.commit().unwrap();
+        assert_eq!(std::fs::read(out.join("a.img")).unwrap(), b"new a");
+        assert_eq!(std::fs::read(out.join("b.img")).unwrap(), b"new b");
+        let kept: Vec<String> = names(&out).into_iter().filter(|n| n.ends_with(".replaced")).collect();
+        assert_eq!(kept.len(), 2, "{kept:?}");
+        assert_eq!(std::fs::read(out.join(&kept[0])).unwrap(), b"old a");
+        retired.remove_in_background().unwrap().join().unwrap();
+        assert_eq!(names(&out), ["a.img", "b.img", "c.img"]);
+    }
+
+    fn manifest() -> Manifest {
+        let text = r#"{"name":"t","task":"classification","input":{"bands":1,"layout":"nchw","mean":[0],"std":[1]},
+            "patch":1,"halo":0,"outputs":[{"id":3,"name":"a","color":[10,20,30]},{"id":9,"name":"b","color":[200,100,50]}],
+            "files":{"patch":"p.onnx"},"output_kind":"logits"}"#;
+        Manifest::parse(text, Path::new("m.json")).unwrap()
+    }
+
+    #[test]
+    fn the_quicklook_shows_each_pixel_in_its_class_colour_and_a_legend() {
+        let m = manifest();
+        let (lines, samples) = (5, 7);
+        let class_ids: Vec<u8> = (0..lines * samples).map(|i| [3, 9, 0][i % 3]).collect();
+        let maps = Maps {
+            lines,
+            samples,
+            channels: 2,
+            class_ids: class_ids.clone(),
+            confidence: vec![1.0; lines * samples],
+            scores: None,
+        };
+        let png = quicklook_png(&maps, &m).unwrap();
+        let mut dec = png::Decoder::new(std::io::Cursor::new(png));
+        dec.set_transformations(png::Transformations::EXPAND);
+        let mut r = dec.read_info().unwrap();
+        let mut buf = vec![0; r.output_buffer_size()];
+        let info = r.next_frame(&mut buf).unwrap();
+        assert_eq!(info.color_type, png::ColorType::Rgb);
+        let (w, scale) = (info.width as usize, 8);
+        let at = |x: usize, y: usize| -> [u8; 3] { buf[(y * w + x) * 3..(y * w + x) * 3 + 3].try_into().unwrap() };
+        for y in 0..lines * scale {
+            for x in 0..samples * scale {
+                let want = match class_ids[(y / scale) * samples + x / scale] {
+                    3 => [10, 20, 30],
+                    9 => [200, 100, 50],
+                    _ => [0, 0, 0],
+                };
+                assert_eq!(at(x, y), want, "pixel ({x}, {y})");
+            }
+        }
+        // The legend's first swatch, beside the map: a black edge around the first class colour.
+        let (x0, y0) = (samples * scale + 8, 8);
+        assert_eq!(at(x0, y0), [0, 0, 0]);
+        assert_eq!(at(x0 + 5, y0 + 5), [10, 20, 30]);
+        assert_eq!(at(x0 + 5, y0 + 14 + 5), [200, 100, 50]);
+        assert_eq!(at(w - 1, info.height as usize - 1), [255, 255, 255]);
     }
 }

@@ -144,13 +144,13 @@ pub fn simulate(manifest: &Manifest, opts: &SimulateOptions, dir: &Path) -> Resu
         confidence: Vec::new(),
         scores: None,
     };
-    let mut lh = crate::map::class_header(&maps, manifest, &h);
+    let mut lh = crate::map::class_header(samples, lines, manifest, &h);
     lh.description = Some(format!(
         "SYNTHETIC ground truth of the simulated scene (model {})",
         manifest.name
     ));
     staged.add("labels.img", &maps.class_ids)?;
     let labels = staged.add("labels.hdr", lh.to_text().as_bytes())?;
-    staged.commit()?;
+    drop(staged.commit()?);
     Ok(SimulatedScene { scene, labels })
 }

@@ -37,7 +37,7 @@ fn sweep_reports_consistent_elasticities_and_knee_and_caches_them() {
     let batches: Vec<u64> = points.iter().map(|p| p["batch"].as_u64().unwrap()).collect();
     assert_eq!(batches, [1, 2, 4], "sizes run ascending");
     assert_eq!(r["key"]["mode"], "dense");
-    assert_eq!(r["key"]["tile"], 64);
+    assert_eq!(r["key"]["tile"], hsiedge::job::DEFAULT_TILE as u64);
     let per: Vec<f64> = points
         .iter()
         .map(|p| {
@@ -105,7 +105,7 @@ fn a_cached_knee_caps_auto_batch_and_a_broken_cache_is_ignored_loudly() {
         a.extend_from_slice(extra);
         run(&a)
     };
-    // Another tile size is another key: no cap from the tile-64 sweep.
+    // Another tile size is another key: no cap from the default-tile sweep.
     let o = classify(&["--tile", "16"]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let s: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

@@ -51,11 +51,16 @@ pub struct SweepOptions {
     pub cache_dir: Option<PathBuf>,
 }
 
-/// The default batch sizes: powers of two up to 4096 samples (patch) or 128 tiles (dense).
-pub fn default_batches(mode: Mode) -> Vec<u64> {
+/// The default batch sizes: powers of two up to 4096 samples (patch), or dense tiles of side
+/// `tile` up to as many output pixels as 128 tiles of 64 x 64 (at least 4 tiles).
+pub fn default_batches(mode: Mode, tile: usize) -> Vec<u64> {
     let top = match mode {
         Mode::Patch => 12,
-        Mode::Dense => 7,
+        Mode::Dense => {
+            let pixels = 128 * 64 * 64;
+            let per_tile = tile.max(1).saturating_mul(tile.max(1));
+            (pixels / per_tile).max(4).ilog2()
+        }
     };
     (0..=top).map(|k| 1u64 << k).collect()
 }
@@ -253,5 +258,18 @@ impl std::fmt::Display for SweepResult {
             write!(f, "\ncached: {}", p.display())?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_dense_sizes_cover_the_same_pixels_whatever_the_tile() {
+        assert_eq!(default_batches(Mode::Dense, 64).last(), Some(&128));
+        assert_eq!(default_batches(Mode::Dense, 128).last(), Some(&32));
+        assert_eq!(default_batches(Mode::Dense, 4096).last(), Some(&4));
+        assert_eq!(default_batches(Mode::Patch, 128).last(), Some(&4096));
     }
 }

@@ -51,6 +51,16 @@ impl fmt::Display for Unit {
     }
 }
 
+impl Unit {
+    /// What to change when not even one unit fits, besides the budget.
+    pub fn remedy(self) -> &'static str {
+        match self {
+            Self::Sample => "",
+            Self::Tile => "; a smaller --tile needs less per tile",
+        }
+    }
+}
+
 /// Where a cost model came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

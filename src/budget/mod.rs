@@ -145,7 +145,7 @@ pub enum BudgetError {
     },
     /// Not even one unit fits in the budget.
     #[error(
-        "not even one {unit} fits: usable {usable_bytes} bytes (budget {budget_bytes} less fragmentation margin) < fixed {fixed_bytes} + per-{unit} {per_unit_bytes} (binding source: {binding})"
+        "not even one {unit} fits: usable {usable_bytes} bytes (budget {budget_bytes} less fragmentation margin) < fixed {fixed_bytes} + per-{unit} {per_unit_bytes} (binding source: {binding}){}", .unit.remedy()
     )]
     DoesNotFit {
         /// `sample` or `tile`.
