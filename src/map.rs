@@ -105,7 +105,11 @@ impl Staged {
         if !path.exists() {
             return None;
         }
-        let link = self.dir.join(format!(".{name}.{}.replaced", std::process::id()));
+        // Unique within the process, so a link still waiting for an earlier commit's unlinking
+        // thread is never reused.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let link = self.dir.join(format!(".{name}.{}-{n}.replaced", std::process::id()));
         // A link of the same name is a leftover of an earlier process with this id.
         let _ = std::fs::remove_file(&link);
         std::fs::hard_link(path, &link).ok().map(|()| link)
