@@ -359,3 +359,73 @@ fn simulate_writes_a_labelled_synthetic_scene() {
     ]));
     assert_eq!(s["accuracy"]["labelled_pixels"], 99);
 }
+
+#[test]
+fn an_output_folder_that_cannot_be_made_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let file = dir.path().join("a_file");
+    std::fs::write(&file, b"not a folder").unwrap();
+    let out = file.join("out");
+    let err = fails(&[
+        "classify",
+        scene.to_str().unwrap(),
+        "--model",
+        tiny().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        err.contains(out.to_str().unwrap()),
+        "error should name the folder: {err}"
+    );
+    assert_eq!(std::fs::read(&file).unwrap(), b"not a folder");
+}
+
+#[test]
+fn a_rerun_replaces_the_whole_set_and_leaves_nothing_hidden() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let out = dir.path().join("o");
+    let first = classify(
+        &scene,
+        &tiny(),
+        &out,
+        &["--mode", "patch", "--batch", "7", "--tile", "5"],
+    );
+    let before = std::fs::read(out.join("class_map.img")).unwrap();
+    let second = classify(
+        &scene,
+        &tiny(),
+        &out,
+        &["--mode", "dense", "--batch", "2", "--tile", "5"],
+    );
+    assert_eq!(first["mode"], "patch");
+    let written: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        written["mode"], second["mode"],
+        "the summary on disk is the second run's"
+    );
+    assert_eq!(
+        std::fs::read(out.join("class_map.img")).unwrap(),
+        before,
+        "same labels either way"
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "class_map.hdr",
+            "class_map.img",
+            "confidence.hdr",
+            "confidence.img",
+            "quicklook.png",
+            "summary.json"
+        ],
+        "no temporaries or replaced-file links left"
+    );
+}
