@@ -86,6 +86,21 @@ pub enum JobError {
         /// Scene samples.
         samples: usize,
     },
+    /// A label map of the wrong kind.
+    #[error(transparent)]
+    LabelsKind(#[from] LabelsError),
+}
+
+/// A label map that cannot be scored against this job's maps.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {field}: {message}")]
+pub struct LabelsError {
+    /// The label map.
+    pub path: PathBuf,
+    /// The header field or setting at fault.
+    pub field: &'static str,
+    /// Why.
+    pub message: String,
 }
 
 /// `--mode`.
@@ -150,6 +165,33 @@ pub struct BudgetSettings {
     pub sweep_cache: Option<PathBuf>,
 }
 
+impl BudgetSettings {
+    /// Checks the ranges (no I/O), naming the command-line flag of a value out of range.
+    pub fn validate(&self) -> Result<(), JobError> {
+        let bad = |name: &'static str, value: String, message: &str| {
+            Err(JobError::Setting {
+                name,
+                value,
+                message: message.into(),
+            })
+        };
+        if !(0.0..1.0).contains(&self.frag_margin) {
+            return bad(
+                "--frag-margin",
+                self.frag_margin.to_string(),
+                "expected a share in [0, 1)",
+            );
+        }
+        if self.max_units == 0 {
+            return bad("--max-batch", "0".into(), "expected a whole number >= 1");
+        }
+        if self.check_every == 0 {
+            return bad("check_every", "0".into(), "expected a whole number >= 1");
+        }
+        Ok(())
+    }
+}
+
 impl Default for BudgetSettings {
     fn default() -> Self {
         Self {
@@ -203,7 +245,7 @@ impl JobSpec {
                 message: "expected a tile side >= 1".into(),
             });
         }
-        Ok(())
+        self.budget.validate()
     }
 }
 
@@ -230,6 +272,8 @@ pub struct Job {
     peak_anon_bytes: u64,
     /// Batch buffers kept from run to run (the next run starts with them resident).
     pub buffers: pipeline::BufferPool,
+    /// The reference label map (`--labels`), opened and checked when the job is resolved.
+    labels: Option<Cube>,
     /// The output set of the last run, its headers staged while it ran.
     staged: Option<Staged>,
     /// Unlinking the files the last write replaced.
@@ -265,6 +309,11 @@ impl Job {
     /// Opens the scene and the model, checks them against each other, and builds the session.
     pub fn resolve(spec: JobSpec) -> Result<Self, JobError> {
         spec.validate()?;
+        // Made first, so a folder that cannot be made fails the job before the scene is read.
+        std::fs::create_dir_all(&spec.out).map_err(|source| MapError::Io {
+            path: spec.out.clone(),
+            source,
+        })?;
         let t0 = Instant::now();
         let manifest = Manifest::load(&spec.manifest)?;
         let cube = Cube::open(&spec.scene)?;
@@ -287,6 +336,13 @@ impl Job {
             producer_nice: spec.engine.producer_nice,
         };
         pipeline::check(&cube, &manifest, &run)?;
+        let labels = match &spec.labels {
+            Some(p) => Some(open_labels(p, cube.lines(), cube.samples(), manifest.task)?),
+            None => None,
+        };
+        // A batch larger than the scene holds only empty room (and `--batch 100000000` would
+        // ask the allocator for it up front).
+        run.batch = run.batch.min(pipeline::units(&cube, &manifest, &run).max(1));
         let runtime = Runtime::new(spec.engine.clone())?;
         let graph = match mode {
             Mode::Patch => runtime.graph(&manifest, Role::Patch, &manifest.patch_path())?,
@@ -327,6 +383,7 @@ impl Job {
             adjustments: Vec::new(),
             peak_anon_bytes: 0,
             buffers: pipeline::BufferPool::new(1),
+            labels,
             staged: None,
             unlinking: None,
         })
@@ -404,10 +461,7 @@ impl Job {
     /// write, or dropping the job, waits for it.
     pub fn write(&mut self, maps: &Maps, stats: &RunStats) -> Result<Summary, JobError> {
         let t0 = Instant::now();
-        let accuracy = match &self.spec.labels {
-            Some(p) => Some(accuracy(maps, p)?),
-            None => None,
-        };
+        let accuracy = self.labels.as_ref().map(|l| accuracy(maps, l));
         let mut staged = match self.staged.take() {
             Some(s) if s.dir() == self.spec.out && MapShape::of(maps) == self.map_shape() => s,
             _ => {
@@ -443,12 +497,16 @@ impl Job {
             confidence_map: written.confidence_map.clone(),
             scores_map: written.scores_map.clone(),
             quicklook: written.quicklook.clone(),
+            nonfinite_pixels: maps.nonfinite_pixels,
             accuracy,
             batch_plan: self.plan.clone(),
             batch_changes: self.adjustments.clone(),
         };
         summary.write_s = t0.elapsed().as_secs_f64();
-        let json = serde_json::to_vec_pretty(&summary).unwrap_or_default();
+        let json = serde_json::to_vec_pretty(&summary).map_err(|e| crate::map::MapError::Io {
+            path: self.spec.out.join("summary.json"),
+            source: std::io::Error::other(e),
+        })?;
         staged.add("summary.json", &json)?;
         let retired = staged.commit()?;
         if let Some(h) = self.unlinking.take() {
@@ -473,18 +531,9 @@ pub struct Accuracy {
 }
 
 /// Compares `maps` with the ENVI label map at `path` over its labelled (non-zero) pixels.
-pub fn accuracy(maps: &Maps, path: &Path) -> Result<Accuracy, JobError> {
-    let cube = Cube::open(path)?;
-    if cube.lines() != maps.lines || cube.samples() != maps.samples {
-        return Err(JobError::Labels {
-            path: path.to_path_buf(),
-            got_lines: cube.lines(),
-            got_samples: cube.samples(),
-            lines: maps.lines,
-            samples: maps.samples,
-        });
-    }
-    let labels = cube.read_all();
+pub fn accuracy(maps: &Maps, labels: &Cube) -> Accuracy {
+    let path = labels.header_path();
+    let labels = labels.read_all();
     let (mut n, mut ok) = (0usize, 0usize);
     for (truth, pred) in labels.iter().zip(&maps.class_ids) {
         if *truth > 0.0 {
@@ -494,12 +543,43 @@ pub fn accuracy(maps: &Maps, path: &Path) -> Result<Accuracy, JobError> {
             }
         }
     }
-    Ok(Accuracy {
+    Accuracy {
         labels: path.to_path_buf(),
         labelled_pixels: n,
         correct: ok,
         overall_accuracy: if n == 0 { 0.0 } else { ok as f64 / n as f64 },
-    })
+    }
+}
+
+/// Opens the label map at `path` for a classification of a `lines x samples` scene by a model of
+/// `task`: one band, the scene's size.
+pub fn open_labels(path: &Path, lines: usize, samples: usize, task: Task) -> Result<Cube, JobError> {
+    let err = |field, message: String| LabelsError {
+        path: path.to_path_buf(),
+        field,
+        message,
+    };
+    if task != Task::Classification {
+        return Err(err(
+            "--labels",
+            format!("scores class maps, and this model's task is {task:?}"),
+        )
+        .into());
+    }
+    let cube = Cube::open(path)?;
+    if cube.bands() != 1 {
+        return Err(err("bands", format!("a label map has 1 band, this one {}", cube.bands())).into());
+    }
+    if cube.lines() != lines || cube.samples() != samples {
+        return Err(JobError::Labels {
+            path: path.to_path_buf(),
+            got_lines: cube.lines(),
+            got_samples: cube.samples(),
+            lines,
+            samples,
+        });
+    }
+    Ok(cube)
 }
 
 /// The process's peak resident set (`VmHWM`), 0 where `/proc` is unavailable.
@@ -567,6 +647,8 @@ pub struct Summary {
     pub scores_map: Option<PathBuf>,
     /// Quick-look path.
     pub quicklook: PathBuf,
+    /// Pixels whose model output was not finite (see [`Maps::nonfinite_pixels`]).
+    pub nonfinite_pixels: usize,
     /// Accuracy against `--labels`.
     pub accuracy: Option<Accuracy>,
     /// How `--batch auto` chose the batch.
@@ -748,8 +830,16 @@ pub fn auto_batch(
     // line through M(B_safe).
     let fixed = measured.fixed_bytes + pipeline_fixed_bytes;
     let run_bytes = measured.per_unit_bytes;
-    let peak_at = |b: u64| fixed + b * run_bytes + in_bytes * b * extra_buffers(run.queue, scene_units, b);
-    let usable = system.budget_bytes - ((system.budget_bytes as f64) * settings.frag_margin).ceil() as u64;
+    let peak_at = |b: u64| {
+        fixed.saturating_add(b.saturating_mul(run_bytes)).saturating_add(
+            in_bytes
+                .saturating_mul(b)
+                .saturating_mul(extra_buffers(run.queue, scene_units, b)),
+        )
+    };
+    let usable = system
+        .budget_bytes
+        .saturating_sub(((system.budget_bytes as f64) * settings.frag_margin).ceil() as u64);
     let (mut lo, mut hi) = (0u64, choose.max_units.min(choose.knee.unwrap_or(u64::MAX)));
     while lo < hi {
         let mid = (lo + hi).div_ceil(2);
@@ -1108,6 +1198,7 @@ impl std::fmt::Display for PlanReport {
 
 /// Builds the plan `hsiedge plan` prints.
 pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
+    req.budget.validate()?;
     let manifest = Manifest::load(&req.manifest)?;
     let geometry = match &req.scene {
         Some(p) => {

@@ -95,7 +95,7 @@ struct BudgetArgs {
 impl BudgetArgs {
     fn settings(&self) -> hsiedge::job::BudgetSettings {
         hsiedge::job::BudgetSettings {
-            reserve_bytes: self.reserve_mib << 20,
+            reserve_bytes: self.reserve_mib.saturating_mul(1 << 20),
             frag_margin: self.frag_margin,
             max_units: self.max_batch,
             adapt: !self.no_adapt,
@@ -482,7 +482,7 @@ fn run(cli: Cli) -> Result<()> {
                 },
                 repeat,
                 engine: engine.options()?,
-                reserve_bytes: reserve_mib << 20,
+                reserve_bytes: reserve_mib.saturating_mul(1 << 20),
                 frag_margin: 0.10,
                 root: PathBuf::from("/"),
                 max_run_s,
@@ -540,6 +540,14 @@ fn classify(spec: JobSpec, json: bool) -> Result<()> {
         b.finish_and_clear();
     }
     let summary = job.write(&maps, &stats)?;
+    if summary.nonfinite_pixels > 0 {
+        eprintln!(
+            "warning: {} pixels got a NaN or infinite model output (a non-finite value in {} or a \
+             model overflow); they are class 0 (unclassified) with NaN confidence",
+            summary.nonfinite_pixels,
+            summary.scene.display()
+        );
+    }
     if json {
         println!(
             "{}",

@@ -569,6 +569,7 @@ mod tests {
             class_ids: class_ids.clone(),
             confidence: vec![1.0; lines * samples],
             scores: None,
+            nonfinite_pixels: 0,
         };
         let png = quicklook_png(&maps, &m).unwrap();
         let mut dec = png::Decoder::new(std::io::Cursor::new(png));

@@ -292,7 +292,13 @@ impl Manifest {
         if self.patch.is_multiple_of(2) {
             return Err(self.field_err("patch", format!("{} is not an odd size", self.patch)));
         }
-        if self.halo * 2 + 1 != self.patch {
+        if self.patch > MAX_PATCH {
+            return Err(self.field_err(
+                "patch",
+                format!("{} is above the largest supported, {MAX_PATCH}", self.patch),
+            ));
+        }
+        if self.halo.checked_mul(2).and_then(|h| h.checked_add(1)) != Some(self.patch) {
             return Err(self.field_err(
                 "halo",
                 format!(
@@ -307,6 +313,15 @@ impl Manifest {
         }
         if self.outputs.is_empty() {
             return Err(self.field_err("outputs", "no output channels"));
+        }
+        for (k, o) in self.outputs.iter().enumerate() {
+            // The names are written into ENVI header lists, which braces and line breaks would end.
+            if o.name.trim().is_empty() || o.name.chars().any(|ch| ch == '{' || ch == '}' || ch.is_control()) {
+                return Err(self.field_err(
+                    &format!("outputs[{k}].name"),
+                    format!("{:?} is empty or holds a brace or a control character", o.name),
+                ));
+            }
         }
         if self.task == Task::Classification {
             let mut seen = std::collections::HashSet::new();
@@ -367,6 +382,10 @@ impl Manifest {
             .unwrap_or(PALETTE[k % PALETTE.len()])
     }
 }
+
+/// The largest patch side a manifest may give (a patch of 255 x 255 pixels of a few hundred bands
+/// is already tens of megabytes per sample).
+pub const MAX_PATCH: usize = 255;
 
 const PALETTE: [[u8; 3]; 12] = [
     [230, 25, 75],

@@ -148,6 +148,9 @@ pub struct Maps {
     pub confidence: Vec<f32>,
     /// Every channel, `channels x lines x samples` (band sequential), when kept.
     pub scores: Option<Vec<f32>>,
+    /// Pixels whose model output held a NaN or an infinity (a non-finite input value, or a model
+    /// that overflowed): class 0 (unclassified) and NaN confidence in a classification.
+    pub nonfinite_pixels: usize,
 }
 
 /// What a run measured.
@@ -481,6 +484,14 @@ fn run_buffers(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> (usize, u
     )
 }
 
+/// The units (pixels in patch mode, tiles in dense mode) a run over `cube` sends to the engine.
+pub fn units(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> usize {
+    match opts.mode {
+        Mode::Patch => cube.lines() * cube.samples(),
+        Mode::Dense => grid_for(cube, manifest, opts).len(),
+    }
+}
+
 /// The tile grid a run over `cube` uses.
 pub fn grid_for(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> TileGrid {
     TileGrid::new(cube.lines(), cube.samples(), opts.tile, manifest.halo)
@@ -543,6 +554,7 @@ impl Stitcher {
                 class_ids: if classify { vec![0; n] } else { Vec::new() },
                 confidence: if classify { vec![f32::NAN; n] } else { Vec::new() },
                 scores: (keep_scores || !classify).then(|| vec![f32::NAN; k * n]),
+                nonfinite_pixels: 0,
             },
             written: vec![0; n],
             task: manifest.task,
@@ -562,18 +574,29 @@ impl Stitcher {
         let at = y * self.grid.samples + x;
         self.written[at] = self.written[at].saturating_add(1);
         let k = self.maps.channels;
+        let mut finite = true;
         if let Some(all) = &mut self.maps.scores {
             for c in 0..k {
-                all[c * n + at] = scores(c);
+                let v = scores(c);
+                finite &= v.is_finite();
+                all[c * n + at] = v;
             }
         }
         if self.task == Task::Classification {
             let (mut best, mut top) = (0, f32::NEG_INFINITY);
             for c in 0..k {
                 let v = scores(c);
+                finite &= v.is_finite();
                 if v > top {
                     (best, top) = (c, v);
                 }
+            }
+            if !finite {
+                // No class can be read from it; a class id here would look like a prediction.
+                self.maps.class_ids[at] = 0;
+                self.maps.confidence[at] = f32::NAN;
+                self.maps.nonfinite_pixels += 1;
+                return;
             }
             let confidence = match self.kind {
                 OutputKind::Probabilities => top,
@@ -581,6 +604,8 @@ impl Stitcher {
             };
             self.maps.class_ids[at] = self.ids[best];
             self.maps.confidence[at] = confidence;
+        } else if !finite {
+            self.maps.nonfinite_pixels += 1;
         }
     }
 
@@ -920,6 +945,18 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_nonfinite_output_is_unclassified_and_counted() {
+        let m = manifest();
+        let mut s = Stitcher::new(&m, TileGrid::new(1, 2, 2, 0), false);
+        s.put(0, 0, |c| [f32::NAN, f32::NAN][c]);
+        s.put(0, 1, |c| [1.0, f32::INFINITY][c]);
+        let maps = s.finish().unwrap();
+        assert_eq!(maps.class_ids, vec![0, 0]);
+        assert!(maps.confidence.iter().all(|c| c.is_nan()));
+        assert_eq!(maps.nonfinite_pixels, 2);
     }
 
     #[test]

@@ -143,6 +143,7 @@ pub fn simulate(manifest: &Manifest, opts: &SimulateOptions, dir: &Path) -> Resu
         class_ids: labels,
         confidence: Vec::new(),
         scores: None,
+        nonfinite_pixels: 0,
     };
     let mut lh = crate::map::class_header(samples, lines, manifest, &h);
     lh.description = Some(format!(

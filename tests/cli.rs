@@ -210,9 +210,11 @@ fn bad(scene: &Path, model: &Path, needles: &[&str]) {
     for n in needles {
         assert!(err.contains(n), "error should name `{n}`: {err}");
     }
-    for f in ["class_map.img", "class_map.hdr", "summary.json", "quicklook.png"] {
-        assert!(!out.join(f).exists(), "{f} written despite the error");
-    }
+    // Not one file, whole or temporary, is left in the output folder.
+    let left: Vec<_> = std::fs::read_dir(&out)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "{left:?} left in {} despite the error", out.display());
 }
 
 #[test]
@@ -306,22 +308,102 @@ fn missing_runtime_library_says_what_to_install() {
 fn bad_settings_are_rejected() {
     let dir = tempfile::tempdir().unwrap();
     let scene = tiny_cube(dir.path());
-    for (flag, value, needle) in [
-        ("--batch", "0", "--batch"),
-        ("--mode", "fast", "--mode"),
-        ("--tile", "0", "--tile"),
+    let (model, out) = (tiny(), dir.path().join("o"));
+    // The budget settings are checked even with a fixed batch, which never consults them.
+    for (args, needle) in [
+        (&["--batch", "0"][..], "--batch"),
+        (&["--mode", "fast"], "--mode"),
+        (&["--tile", "0"], "--tile"),
+        (&["--batch", "4", "--frag-margin", "1.5"], "--frag-margin"),
+        (&["--batch", "4", "--frag-margin=-1"], "--frag-margin"),
+        (&["--batch", "4", "--max-batch", "0"], "--max-batch"),
     ] {
+        let mut all = vec![
+            "classify",
+            scene.to_str().unwrap(),
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ];
+        all.extend_from_slice(args);
+        let err = fails(&all);
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_batch_larger_than_the_scene_is_cut_to_the_scene() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    for (mode, units) in [("patch", 13 * 17), ("dense", 1)] {
+        let s = classify(
+            &scene,
+            &tiny(),
+            &dir.path().join(mode),
+            &["--mode", mode, "--batch", "100000000"],
+        );
+        assert_eq!(s["batch"], units, "{mode}: {s}");
+        assert_eq!(s["pixels"], 13 * 17);
+    }
+}
+
+#[test]
+fn a_label_map_that_does_not_fit_is_rejected_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let two_bands = write_cube(dir.path(), "labels2", 13, 17, 2, |_, _, _| 1.0);
+    let small = write_cube(dir.path(), "labels_small", 12, 17, 1, |_, _, _| 1.0);
+    for (labels, needle) in [(&two_bands, "bands"), (&small, "12 x 17")] {
+        let out = dir.path().join("o");
         let err = fails(&[
             "classify",
             scene.to_str().unwrap(),
             "--model",
             tiny().to_str().unwrap(),
             "--out",
-            dir.path().join("o").to_str().unwrap(),
-            flag,
-            value,
+            out.to_str().unwrap(),
+            "--labels",
+            labels.to_str().unwrap(),
         ]);
-        assert!(err.contains(needle), "{err}");
+        assert!(err.contains(needle) && err.contains(labels.to_str().unwrap()), "{err}");
+        let left: Vec<_> = std::fs::read_dir(&out).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+}
+
+#[test]
+fn a_nonfinite_input_value_leaves_its_pixels_unclassified_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = write_cube(dir.path(), "nan", 13, 17, 4, |l, b, s| {
+        if (l, b, s) == (6, 2, 8) {
+            f32::NAN
+        } else {
+            100.0 * (b + 1) as f32 + 7.0 * ((l * 3 + s * 5 + b) % 11) as f32 - 30.0
+        }
+    });
+    let out = dir.path().join("o");
+    let r = run(&[
+        "classify",
+        scene.to_str().unwrap(),
+        "--model",
+        tiny().to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+        "--mode",
+        "patch",
+    ]);
+    assert!(r.status.success(), "{}", String::from_utf8_lossy(&r.stderr));
+    let s = summary(&String::from_utf8_lossy(&r.stdout));
+    // Patch 3: the NaN sample reaches the 3 x 3 pixels around it.
+    assert_eq!(s["nonfinite_pixels"], 9, "{s}");
+    assert!(String::from_utf8_lossy(&r.stderr).contains("9 pixels got a NaN"));
+    let classes = std::fs::read(out.join("class_map.img")).unwrap();
+    for (at, &c) in classes.iter().enumerate() {
+        let (l, x) = (at / 17, at % 17);
+        let near = l.abs_diff(6) <= 1 && x.abs_diff(8) <= 1;
+        assert_eq!(c == 0, near, "pixel ({l}, {x}) has class {c}");
     }
 }
 
