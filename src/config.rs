@@ -22,9 +22,20 @@ impl EnvVar {
         std::env::var(self.name).ok().filter(|v| !v.is_empty())
     }
 
-    /// The value as a path, `None` when unset or empty.
+    /// The value as a path, `None` when unset or empty; not required to be UTF-8.
     pub fn path(&self) -> Option<PathBuf> {
-        self.get().map(PathBuf::from)
+        std::env::var_os(self.name).filter(|v| !v.is_empty()).map(PathBuf::from)
+    }
+
+    /// The value as a `:`-separated list of paths, empty when unset.
+    pub fn paths(&self) -> Vec<PathBuf> {
+        std::env::var_os(self.name)
+            .map(|s| {
+                std::env::split_paths(&s)
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 }
 
@@ -35,12 +46,24 @@ pub const ORT_DYLIB_PATH: EnvVar = EnvVar {
     meaning: "ONNX Runtime shared library to load (after --ort-lib)",
 };
 
+/// The dynamic loader's search path, searched for libonnxruntime before the system folders.
+pub const LD_LIBRARY_PATH: EnvVar = EnvVar {
+    name: "LD_LIBRARY_PATH",
+    default: "unset (system library folders only)",
+    meaning: "folders searched for libonnxruntime after the executable's own, before the system ones",
+};
+
 /// Python interpreter used to locate an installed `onnxruntime` package.
 pub const HSIEDGE_PYTHON: EnvVar = EnvVar {
     name: "HSIEDGE_PYTHON",
     default: "python3",
     meaning: "Python interpreter asked where the onnxruntime package lives (last library fallback)",
 };
+
+/// The Python interpreter: `HSIEDGE_PYTHON`, else its default.
+pub fn python() -> String {
+    HSIEDGE_PYTHON.get().unwrap_or_else(|| HSIEDGE_PYTHON.default.into())
+}
 
 /// Root of the shared benchmark data used by tests and `make demo` when present.
 pub const HSIEDGE_DATA: EnvVar = EnvVar {
@@ -81,6 +104,7 @@ pub const HOME: EnvVar = EnvVar {
 /// All variables, in the order `hsiedge env` prints them.
 pub const ALL: &[EnvVar] = &[
     ORT_DYLIB_PATH,
+    LD_LIBRARY_PATH,
     HSIEDGE_PYTHON,
     HSIEDGE_DATA,
     HSIEDGE_THREADS,
@@ -89,15 +113,50 @@ pub const ALL: &[EnvVar] = &[
     HOME,
 ];
 
+/// Variables only the test suite and CI read (the integration tests cannot use this crate's
+/// private readers, so they are listed here to keep this file the complete table).
+pub const TEST_ONLY: &[EnvVar] = &[
+    EnvVar {
+        name: "CI",
+        default: "unset (missing shared data or models are skipped with a printed reason)",
+        meaning: "set by CI: missing shared data, models or packages fail the tests instead",
+    },
+    EnvVar {
+        name: "HSIEDGE_TEST_RUNNER",
+        default: "unset (the binary runs directly)",
+        meaning: "command prefixed to the binary under test, e.g. `qemu-aarch64 -L /usr/aarch64-linux-gnu`",
+    },
+    EnvVar {
+        name: "HSIEDGE_MEMWALL_RUNS",
+        default: "20",
+        meaning: "runs of the auto-batch memory-wall test under each cgroup limit",
+    },
+    EnvVar {
+        name: "HSIEDGE_DEB_REQUIRED",
+        default: "unset (a Debian package not built is skipped)",
+        meaning: "1: a Debian package not built fails the package tests (cross/run deb*, cross/ci.sh set it)",
+    },
+    EnvVar {
+        name: "HSIEDGE_E2E_HOST_BIN",
+        default: "unset (the cross end-to-end test skips)",
+        meaning: "the x86_64 hsiedge the aarch64 build is compared with (set by cross/run test)",
+    },
+    EnvVar {
+        name: "HSIEDGE_E2E_HOST_ORT",
+        default: "unset (the cross end-to-end test skips)",
+        meaning: "the x86_64 libonnxruntime for HSIEDGE_E2E_HOST_BIN (set by cross/run test)",
+    },
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn names_are_unique() {
-        let mut names: Vec<_> = ALL.iter().map(|v| v.name).collect();
+        let mut names: Vec<_> = ALL.iter().chain(TEST_ONLY).map(|v| v.name).collect();
         names.sort_unstable();
         names.dedup();
-        assert_eq!(names.len(), ALL.len());
+        assert_eq!(names.len(), ALL.len() + TEST_ONLY.len());
     }
 }

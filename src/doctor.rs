@@ -130,9 +130,7 @@ impl DoctorOptions {
             exe_dir: std::env::current_exe()
                 .ok()
                 .and_then(|e| e.parent().map(Path::to_path_buf)),
-            ld_library_path: std::env::var_os("LD_LIBRARY_PATH")
-                .map(|s| std::env::split_paths(&s).collect())
-                .unwrap_or_default(),
+            ld_library_path: config::LD_LIBRARY_PATH.paths(),
             python_package: engine::python_onnxruntime_dir(),
             requirement,
             load: true,
@@ -457,14 +455,6 @@ const PROVIDER_LIBS: &[(&str, &str)] = &[
     ("libonnxruntime_providers_dnnl.so", "DnnlExecutionProvider"),
 ];
 
-const SYSTEM_LIB_DIRS: &[&str] = &[
-    "/usr/local/lib",
-    "/usr/lib",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib/hsiedge",
-];
-
 fn check_ort(opts: &DoctorOptions, checks: &mut Vec<Check>) -> Option<OrtFound> {
     let (found, tried) = match locate_ort(opts) {
         Ok(found) => found,
@@ -593,14 +583,14 @@ fn locate_ort(opts: &DoctorOptions) -> Result<Located, Check> {
     }
     let mut dirs: Vec<(PathBuf, LibSource)> = Vec::new();
     if let Some(exe) = &opts.exe_dir {
-        for sub in ["", "../lib", "../lib/hsiedge"] {
-            dirs.push((exe.join(sub), LibSource::BesideExecutable));
+        for d in engine::beside_executable(exe) {
+            dirs.push((d, LibSource::BesideExecutable));
         }
     }
     for d in &opts.ld_library_path {
         dirs.push((d.clone(), LibSource::System));
     }
-    for d in SYSTEM_LIB_DIRS {
+    for d in engine::SYSTEM_LIB_DIRS {
         dirs.push((PathBuf::from(d), LibSource::System));
     }
     let mut tried = Vec::new();
@@ -627,23 +617,9 @@ fn locate_ort(opts: &DoctorOptions) -> Result<Located, Check> {
     Ok((None, tried))
 }
 
-/// Same choice as the engine: plain `libonnxruntime.so` first, then the last versioned name.
+/// Same choice as the engine ([`engine::lib_in`]).
 fn lib_in(dir: &Path) -> Option<PathBuf> {
-    let plain = dir.join(ORT_STEM);
-    if plain.is_file() {
-        return Some(plain);
-    }
-    let mut found: Vec<PathBuf> = fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libonnxruntime.so.") && p.is_file())
-        })
-        .collect();
-    found.sort();
-    found.pop()
+    engine::lib_in(dir)
 }
 
 /// `site-packages` and `dist-packages` folders of the usual Python installs, as paths on the

@@ -23,8 +23,9 @@ pub enum EngineError {
     /// No libonnxruntime was found anywhere it is looked for.
     #[error(
         "ONNX Runtime library not found; looked in:\n  {}\n\
-         install it with `make ort` (puts libonnxruntime {ORT_VERSION} under target/ort), \
-         `pip install onnxruntime=={ORT_VERSION}`, or pass --ort-lib / set ORT_DYLIB_PATH",
+         install it with `make ort` in the source tree (puts libonnxruntime {ORT_VERSION} in \
+         target/ort/ARCH, found from target/release/hsiedge), `pip install onnxruntime=={ORT_VERSION}`, \
+         or pass --ort-lib / set ORT_DYLIB_PATH to the libonnxruntime.so.{ORT_VERSION} file",
         tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join("\n  ")
     )]
     LibraryNotFound {
@@ -117,9 +118,9 @@ pub fn find_library(explicit: Option<&Path>) -> Result<LibLocation, EngineError>
     if let Ok(exe) = std::env::current_exe()
         && let Some(dir) = exe.parent()
     {
-        dirs.push((dir.to_path_buf(), LibSource::BesideExecutable));
-        dirs.push((dir.join("../lib"), LibSource::BesideExecutable));
-        dirs.push((dir.join("../lib/hsiedge"), LibSource::BesideExecutable));
+        for d in beside_executable(dir) {
+            dirs.push((d, LibSource::BesideExecutable));
+        }
     }
     for d in system_lib_dirs() {
         dirs.push((d, LibSource::System));
@@ -142,7 +143,7 @@ pub fn find_library(explicit: Option<&Path>) -> Result<LibLocation, EngineError>
         }
         None => tried.push(PathBuf::from(format!(
             "python onnxruntime package ({} -c 'import onnxruntime')",
-            config::HSIEDGE_PYTHON.get().unwrap_or_else(|| "python3".into())
+            config::python()
         ))),
     }
     Err(EngineError::LibraryNotFound { tried })
@@ -162,44 +163,62 @@ fn existing(p: &Path, source_name: &str, source: LibSource) -> Result<LibLocatio
     }
 }
 
-/// The newest-looking `libonnxruntime.so*` in `dir` (plain `.so` first, then versioned names).
-fn lib_in(dir: &Path) -> Option<PathBuf> {
+/// The folders searched "beside the executable" in `exe_dir`, in order: the folder itself, an
+/// installed layout's `../lib` and `../lib/hsiedge`, and a build tree's `../ort/ARCH` and
+/// `../../ort/ARCH` (where `make ort` puts the library for `target/release/hsiedge` and
+/// `target/TRIPLE/release/hsiedge`).
+pub fn beside_executable(exe_dir: &Path) -> Vec<PathBuf> {
+    vec![
+        exe_dir.to_path_buf(),
+        exe_dir.join("../lib"),
+        exe_dir.join("../lib/hsiedge"),
+        exe_dir.join("../ort").join(std::env::consts::ARCH),
+        exe_dir.join("../../ort").join(std::env::consts::ARCH),
+    ]
+}
+
+/// The `libonnxruntime.so*` chosen in `dir`: plain `libonnxruntime.so` first, else the versioned
+/// name of the highest version (compared number by number: 1.31.1 above 1.9.0).
+pub fn lib_in(dir: &Path) -> Option<PathBuf> {
     let plain = dir.join("libonnxruntime.so");
     if plain.is_file() {
         return Some(plain);
     }
-    let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+    std::fs::read_dir(dir)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("libonnxruntime.so.") && p.is_file())
+        .filter_map(|p| {
+            let version: Vec<u64> = p
+                .file_name()?
+                .to_str()?
+                .strip_prefix("libonnxruntime.so.")?
+                .split('.')
+                .map(|n| n.parse().ok())
+                .collect::<Option<_>>()?;
+            p.is_file().then_some((version, p))
         })
-        .collect();
-    found.sort();
-    found.pop()
+        .max()
+        .map(|(_, p)| p)
 }
 
+/// The system library folders searched after `LD_LIBRARY_PATH`.
+pub const SYSTEM_LIB_DIRS: &[&str] = &[
+    "/usr/local/lib",
+    "/usr/lib",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/usr/lib/hsiedge",
+];
+
 fn system_lib_dirs() -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::env::var_os("LD_LIBRARY_PATH")
-        .map(|s| std::env::split_paths(&s).collect())
-        .unwrap_or_default();
-    for d in [
-        "/usr/local/lib",
-        "/usr/lib",
-        "/usr/lib/x86_64-linux-gnu",
-        "/usr/lib/aarch64-linux-gnu",
-        "/usr/lib/hsiedge",
-    ] {
-        v.push(PathBuf::from(d));
-    }
+    let mut v = config::LD_LIBRARY_PATH.paths();
+    v.extend(SYSTEM_LIB_DIRS.iter().map(PathBuf::from));
     v
 }
 
 /// Asks the configured Python (`HSIEDGE_PYTHON`, else `python3`) where its `onnxruntime` package lives.
 pub fn python_onnxruntime_dir() -> Option<PathBuf> {
-    let python = config::HSIEDGE_PYTHON.get().unwrap_or_else(|| "python3".into());
+    let python = config::python();
     let out = std::process::Command::new(python)
         .args([
             "-c",
@@ -504,5 +523,33 @@ impl Graph {
             .map_err(|e| fail(e.to_string()))?;
         let dims = out_shape.iter().map(|d| usize::try_from(*d).unwrap_or(0)).collect();
         Ok((dims, values.to_vec()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_highest_version_is_chosen_number_by_number() {
+        let dir = tempfile::tempdir().unwrap();
+        for n in [
+            "libonnxruntime.so.1.9.0",
+            "libonnxruntime.so.1.31.1",
+            "libonnxruntime.so.1.x",
+            "other.so",
+        ] {
+            std::fs::write(dir.path().join(n), b"").unwrap();
+        }
+        assert_eq!(lib_in(dir.path()), Some(dir.path().join("libonnxruntime.so.1.31.1")));
+        std::fs::write(dir.path().join("libonnxruntime.so"), b"").unwrap();
+        assert_eq!(lib_in(dir.path()), Some(dir.path().join("libonnxruntime.so")));
+    }
+
+    #[test]
+    fn a_build_tree_finds_the_library_make_ort_provisions() {
+        let dirs = beside_executable(Path::new("/src/target/release"));
+        let ort = Path::new("/src/target/release/../ort").join(std::env::consts::ARCH);
+        assert!(dirs.contains(&ort), "{dirs:?}");
     }
 }

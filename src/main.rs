@@ -244,9 +244,9 @@ enum BenchCommand {
         /// Repetitions per measurement.
         #[arg(long, default_value_t = 5)]
         repeat: usize,
-        /// Python interpreter for the onnxruntime baseline loop.
-        #[arg(long, default_value = "python3")]
-        python: String,
+        /// Python interpreter for the onnxruntime baseline loop (default: HSIEDGE_PYTHON, else python3).
+        #[arg(long)]
+        python: Option<String>,
         /// Skip the Python baseline.
         #[arg(long)]
         no_python: bool,
@@ -437,7 +437,7 @@ fn run(cli: Cli) -> Result<()> {
                 patch_batch: batch,
                 dense_batch,
                 repeat: repeat.max(1),
-                python: (!no_python).then_some(python),
+                python: (!no_python).then(|| python.unwrap_or_else(hsiedge::config::python)),
                 script,
                 only,
             };
@@ -498,6 +498,10 @@ fn run(cli: Cli) -> Result<()> {
         Command::Doctor { .. } => Ok(()),
         Command::Env => {
             for v in hsiedge::config::ALL {
+                println!("{:<16} default: {}\n{:<16} {}", v.name, v.default, "", v.meaning);
+            }
+            println!("\nread only by the test suite and CI:");
+            for v in hsiedge::config::TEST_ONLY {
                 println!("{:<16} default: {}\n{:<16} {}", v.name, v.default, "", v.meaning);
             }
             Ok(())

@@ -284,6 +284,98 @@ fn wrong_tensor_rank_names_graph_and_manifest() {
     bad(&scene, &m, &["rank 3", ".onnx", "input.layout"]);
 }
 
+/// `hsiedge` with no library named anywhere: no `--ort-lib`, `ORT_DYLIB_PATH` or
+/// `LD_LIBRARY_PATH`, and a Python that has no onnxruntime.
+fn unnamed_library(exe: &Path) -> std::process::Command {
+    let mut c = match std::env::var("HSIEDGE_TEST_RUNNER")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+    {
+        Some(runner) => {
+            let mut parts = runner.split_whitespace();
+            let mut c = std::process::Command::new(parts.next().unwrap());
+            c.args(parts).arg(exe);
+            c
+        }
+        None => std::process::Command::new(exe),
+    };
+    c.env_remove("ORT_DYLIB_PATH")
+        .env_remove("LD_LIBRARY_PATH")
+        .env("HSIEDGE_PYTHON", "/bin/false");
+    c
+}
+
+#[test]
+fn a_build_tree_binary_finds_the_library_make_ort_put_beside_it() {
+    let exe = Path::new(env!("CARGO_BIN_EXE_hsiedge"));
+    let Some(dir) = exe.parent() else { return };
+    if hsiedge::engine::beside_executable(dir)
+        .iter()
+        .all(|d| hsiedge::engine::lib_in(d).is_none())
+    {
+        // A target folder outside the source tree (CARGO_TARGET_DIR) has no target/ort beside it.
+        assert!(std::env::var("CI").is_err(), "CI builds in target/, beside target/ort");
+        eprintln!("skipped: no libonnxruntime beside {}", exe.display());
+        return;
+    }
+    let d = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(d.path());
+    let out = unnamed_library(exe)
+        .args([
+            "classify",
+            scene.to_str().unwrap(),
+            "--model",
+            tiny().to_str().unwrap(),
+            "--json",
+            "--out",
+        ])
+        .arg(d.path().join("o"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let s = summary(&String::from_utf8_lossy(&out.stdout));
+    assert!(s["ort_library"].as_str().unwrap().contains("/ort/"), "{s}");
+}
+
+#[test]
+fn no_library_anywhere_says_what_to_install() {
+    let d = tempfile::tempdir().unwrap();
+    // A copy of the binary has nothing beside it.
+    let exe = d.path().join("hsiedge");
+    std::fs::copy(env!("CARGO_BIN_EXE_hsiedge"), &exe).unwrap();
+    let system = hsiedge::engine::SYSTEM_LIB_DIRS
+        .iter()
+        .find(|d| hsiedge::engine::lib_in(Path::new(d)).is_some());
+    if let Some(dir) = system {
+        eprintln!("skipped: this system has libonnxruntime in {dir}");
+        return;
+    }
+    let scene = tiny_cube(d.path());
+    let out = unnamed_library(&exe)
+        .args([
+            "classify",
+            scene.to_str().unwrap(),
+            "--model",
+            tiny().to_str().unwrap(),
+            "--out",
+        ])
+        .arg(d.path().join("o"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    for needle in [
+        "ONNX Runtime library not found",
+        "make ort",
+        "pip install onnxruntime==",
+        "ORT_DYLIB_PATH",
+        "/usr/lib",
+    ] {
+        assert!(err.contains(needle), "`{needle}` missing: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
 #[test]
 fn missing_runtime_library_says_what_to_install() {
     let dir = tempfile::tempdir().unwrap();
