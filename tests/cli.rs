@@ -240,6 +240,22 @@ fn unknown_data_type_is_rejected() {
 }
 
 #[test]
+fn a_size_that_overflows_and_a_field_given_twice_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let text = std::fs::read_to_string(&scene).unwrap();
+    let huge = text.replace("header offset = 0", "header offset = 18446744073709551000");
+    std::fs::write(&scene, huge).unwrap();
+    bad(
+        &scene,
+        &tiny(),
+        &["scene.hdr", "header offset", "does not fit in 64 bits"],
+    );
+    std::fs::write(&scene, text.replace("bands = 4\n", "bands = 4\nBands = 5\n")).unwrap();
+    bad(&scene, &tiny(), &["scene.hdr", "bands", "given twice"]);
+}
+
+#[test]
 fn truncated_data_file_is_rejected_before_mapping() {
     let dir = tempfile::tempdir().unwrap();
     let scene = tiny_cube(dir.path());

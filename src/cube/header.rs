@@ -147,6 +147,28 @@ pub struct Header {
     pub extra: Vec<(String, String)>,
 }
 
+/// The fields [`Header::parse`] interprets; each may appear once.
+const KNOWN_KEYS: &[&str] = &[
+    "samples",
+    "lines",
+    "bands",
+    "header offset",
+    "data type",
+    "interleave",
+    "byte order",
+    "file type",
+    "description",
+    "wavelength",
+    "wavelength units",
+    "fwhm",
+    "band names",
+    "map info",
+    "coordinate system string",
+    "classes",
+    "class names",
+    "class lookup",
+];
+
 impl Header {
     /// A header for a new file with the given geometry, every optional field empty.
     pub fn new(samples: usize, lines: usize, bands: usize, data_type: DataType, interleave: Interleave) -> Self {
@@ -203,7 +225,13 @@ impl Header {
         let mut h = Header::new(0, 0, 0, DataType::U8, Interleave::Bsq);
         h.file_type = None;
         let mut interleave = None;
+        let mut seen = std::collections::HashSet::new();
         for (key, value) in pairs {
+            // A field given twice is ambiguous (which one the writer meant is unknown); other
+            // keys are passed through as they come.
+            if KNOWN_KEYS.contains(&key.as_str()) && !seen.insert(key.clone()) {
+                return Err(err(&key, "given twice".into()));
+            }
             let int = |v: &str| -> Result<usize, CubeError> {
                 v.trim()
                     .parse::<usize>()
@@ -254,15 +282,15 @@ impl Header {
                             format!("{} values is not a multiple of 3 (r, g, b)", v.len()),
                         ));
                     }
+                    if let Some(i) = v.iter().position(|c| !(0.0..=255.0).contains(c) || c.fract() != 0.0) {
+                        return Err(err(
+                            &key,
+                            format!("value {i} ({}) is not a whole number in 0..=255", v[i]),
+                        ));
+                    }
                     h.class_lookup = v
                         .chunks_exact(3)
-                        .map(|c| {
-                            [
-                                c[0].clamp(0.0, 255.0) as u8,
-                                c[1].clamp(0.0, 255.0) as u8,
-                                c[2].clamp(0.0, 255.0) as u8,
-                            ]
-                        })
+                        .map(|c| [c[0] as u8, c[1] as u8, c[2] as u8])
                         .collect();
                 }
                 _ => h.extra.push((key, value.trim().to_string())),
@@ -477,6 +505,24 @@ mod tests {
     const SAMPLE: &str = "ENVI\ndescription = {A test\n  cube}\nSamples = 3\nLINES   = 2\nbands = 2\nheader offset = 0\n\
         data type = 12\ninterleave = BIL\nbyte order = 1\nwavelength = {400.5,\n 500}\nband names = {a, b}\n\
         map info = {UTM, 1, 1, 0, 0, 30, 30, 11, North, WGS-84}\nsensor type = AVIRIS\n";
+
+    #[test]
+    fn a_field_given_twice_or_a_lookup_colour_out_of_range_is_named() {
+        let twice = SAMPLE.replace("bands = 2\n", "bands = 2\nSAMPLES = 4\n");
+        let e = Header::parse(&twice, Path::new("t.hdr")).unwrap_err().to_string();
+        assert!(
+            e.contains("t.hdr") && e.contains("samples") && e.contains("twice"),
+            "{e}"
+        );
+        for lookup in ["{0, 0, 0, 255, 300, 0}", "{0, 0, 0.5}", "{0, -1, 0}"] {
+            let text = format!("{SAMPLE}class lookup = {lookup}\n");
+            let e = Header::parse(&text, Path::new("t.hdr")).unwrap_err().to_string();
+            assert!(e.contains("class lookup") && e.contains("0..=255"), "{e}");
+        }
+        let ok = format!("{SAMPLE}class lookup = {{0, 0, 0, 255, 128, 7}}\n");
+        let h = Header::parse(&ok, Path::new("t.hdr")).unwrap();
+        assert_eq!(h.class_lookup, vec![[0, 0, 0], [255, 128, 7]]);
+    }
 
     #[test]
     fn parses_multiline_case_insensitive() {

@@ -88,13 +88,26 @@ impl Cube {
             path: data_path.clone(),
             source,
         };
-        let file = File::open(&data_path).map_err(io)?;
-        let actual = file.metadata().map_err(io)?.len();
-        let expected = header
+        let Some(expected) = header
             .data_bytes()
             .and_then(|n| n.checked_add(header.header_offset))
-            .map(|n| n as u64)
-            .unwrap_or(u64::MAX);
+            .and_then(|n| u64::try_from(n).ok())
+        else {
+            return Err(CubeError::Header {
+                path: header_path,
+                field: "samples x lines x bands x data type size + header offset".into(),
+                message: format!(
+                    "{} x {} x {} x {} + {} does not fit in 64 bits",
+                    header.samples,
+                    header.lines,
+                    header.bands,
+                    header.data_type.size(),
+                    header.header_offset
+                ),
+            });
+        };
+        let file = File::open(&data_path).map_err(io)?;
+        let actual = file.metadata().map_err(io)?.len();
         if actual != expected {
             return Err(CubeError::Size {
                 path: data_path,
