@@ -444,7 +444,7 @@ impl Runtime {
         shrink_options
             .set("memory.enable_memory_arena_shrinkage", "cpu:0")
             .map_err(|e| g(e.to_string()))?;
-        Ok(Graph {
+        let mut graph = Graph {
             session,
             path: path.to_path_buf(),
             input,
@@ -452,7 +452,11 @@ impl Runtime {
             shrink_next: false,
             shrink_options,
             arena: self.options.arena,
-        })
+        };
+        if role == Role::Dense {
+            graph.check_halo(manifest)?;
+        }
+        Ok(graph)
     }
 }
 
@@ -504,6 +508,37 @@ impl Graph {
     }
 
     /// Runs the graph on `data` of `shape`, returning the output's shape and values.
+    /// Runs a dense twin once over a window of `2 * halo + 2` pixels a side, which must give the
+    /// 2 x 2 centre: a twin that trims another halo than the manifest's would otherwise fail (or
+    /// shift every tile) only once a run is under way.
+    fn check_halo(&mut self, manifest: &Manifest) -> Result<(), EngineError> {
+        let side = 2 * manifest.halo + 2;
+        let shape = manifest.input.layout.shape(1, manifest.input.bands, side, side);
+        let zeros = vec![0f32; shape.iter().product()];
+        let (got, _) = self.run(&zeros, &shape)?;
+        let want = [1, manifest.classes(), 2, 2];
+        if got != want {
+            return Err(model::ModelError::Mismatch {
+                onnx: self.path.clone(),
+                tensor: self.output.name.clone(),
+                detail: format!(
+                    "is {} for a {side} x {side} window",
+                    got.iter().map(ToString::to_string).collect::<Vec<_>>().join(" x ")
+                ),
+                manifest: manifest.path.clone(),
+                field: "halo".into(),
+                expected: format!(
+                    "says {}, so the twin must give 1 x {} x 2 x 2 ({side} - 2 x {})",
+                    manifest.halo,
+                    manifest.classes(),
+                    manifest.halo
+                ),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
     pub fn run(&mut self, data: &[f32], shape: &[usize]) -> Result<(Vec<usize>, Vec<f32>), EngineError> {
         let fail = |message: String| EngineError::Run {
             path: self.path.clone(),

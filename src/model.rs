@@ -448,6 +448,27 @@ pub fn check_io(
             format!("{layout:?} needs rank {}", layout.rank()).to_lowercase(),
         ));
     }
+    if let Some(n) = input.dims[0] {
+        return Err(mismatch(
+            input,
+            format!("has its batch axis fixed at {n}"),
+            &format!("files.{}", if role == Role::Patch { "patch" } else { "dense" }),
+            "names a graph that hsiedge batches, so its axis 0 must be symbolic (export with a dynamic batch axis)"
+                .into(),
+        ));
+    }
+    if role == Role::Dense && layout != Layout::Nc {
+        for axis in [layout.rank() - 2, layout.rank() - 1] {
+            if let Some(d) = input.dims[axis] {
+                return Err(mismatch(
+                    input,
+                    format!("has spatial axis {axis} fixed at {d}"),
+                    "files.dense",
+                    "names a fully convolutional twin, which takes windows of any size (symbolic H and W)".into(),
+                ));
+            }
+        }
+    }
     let band_axis = if layout == Layout::N1chw { 2 } else { 1 };
     if let Some(c) = input.dims[band_axis]
         && c != m.input.bands
@@ -605,5 +626,23 @@ mod tests {
             &dense_out,
         )
         .unwrap();
+        let err = check_io(
+            &m,
+            Role::Patch,
+            Path::new("p.onnx"),
+            &sig(vec![Some(1), Some(1), Some(4), Some(3), Some(3)]),
+            &out,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("batch axis fixed at 1") && err.to_string().contains("files.patch"));
+        let err = check_io(
+            &m,
+            Role::Dense,
+            Path::new("d.onnx"),
+            &sig(vec![None, Some(1), Some(4), Some(64), None]),
+            &dense_out,
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("fixed at 64") && err.to_string().contains("files.dense"));
     }
 }

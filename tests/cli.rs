@@ -289,6 +289,45 @@ fn missing_onnx_file_is_named() {
 }
 
 #[test]
+fn a_dense_twin_trimming_another_halo_than_the_manifest_says_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let src = root().join("models/fixtures/tiny");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("manifest.json")).unwrap()).unwrap();
+    // The twin trims 1 pixel a side; the manifest now claims 2.
+    m["patch"] = 5.into();
+    m["halo"] = 2.into();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    for f in ["patch.onnx", "dense.onnx"] {
+        std::fs::copy(src.join(f), model.join(f)).unwrap();
+    }
+    std::fs::write(model.join("manifest.json"), m.to_string()).unwrap();
+    let manifest = model.join("manifest.json");
+    let out = dir.path().join("bad_out");
+    let err = fails(&[
+        "classify",
+        scene.to_str().unwrap(),
+        "--model",
+        manifest.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--mode",
+        "dense",
+    ]);
+    for n in [
+        "dense.onnx",
+        "manifest.json",
+        "`halo`",
+        "1 x 2 x 4 x 4 for a 6 x 6 window",
+    ] {
+        assert!(err.contains(n), "error should name `{n}`: {err}");
+    }
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0);
+}
+
+#[test]
 fn wrong_tensor_rank_names_graph_and_manifest() {
     let dir = tempfile::tempdir().unwrap();
     let m = root().join("models/fixtures/bad_rank/manifest.json");
