@@ -116,7 +116,8 @@ impl Staged {
     }
 
     /// Waits for every staged file's sync, renames each into place in staging order, then syncs
-    /// the folder. The files replaced are unlinked when the returned [`Retired`] is dropped or
+    /// the folder. When a rename fails, those already made are undone (each old file restored from
+    /// its hidden link, a new one removed) before the error returns. The files replaced are unlinked when the returned [`Retired`] is dropped or
     /// handed to [`Retired::remove_in_background`].
     pub fn commit(mut self) -> Result<Retired, MapError> {
         let mut retired = Retired { links: Vec::new() };
@@ -129,7 +130,7 @@ impl Staged {
                 Err(_) => Err(std::io::Error::other("a file sync thread panicked")),
             };
             match synced {
-                Ok(()) => entries.push((e.tmp, e.path)),
+                Ok(()) => entries.push((e.tmp, e.path, e.replaced)),
                 Err(source) if failed.is_none() => failed = Some(MapError::Io { path: e.path, source }),
                 Err(_) => {}
             }
@@ -137,11 +138,26 @@ impl Staged {
         if let Some(e) = failed {
             return Err(e);
         }
-        for (tmp, path) in entries {
-            tmp.persist(&path).map_err(|e| MapError::Io {
-                path: path.clone(),
-                source: e.error,
-            })?;
+        let mut placed: Vec<(PathBuf, Option<PathBuf>)> = Vec::with_capacity(entries.len());
+        for (tmp, path, replaced) in entries {
+            if let Err(e) = tmp.persist(&path) {
+                // Put the folder back as it was, so a failed commit never leaves a mixed set: each
+                // file already renamed goes back to its old version (kept under its hidden link)
+                // or, where it replaced nothing, is removed.
+                for (done, old) in placed.iter().rev() {
+                    let restored = match old {
+                        Some(link) => std::fs::rename(link, done),
+                        None => std::fs::remove_file(done),
+                    };
+                    if restored.is_err() {
+                        // Not restorable (the folder itself failing): at least nothing of the
+                        // new set stays under its final name.
+                        let _ = std::fs::remove_file(done);
+                    }
+                }
+                return Err(MapError::Io { path, source: e.error });
+            }
+            placed.push((path, replaced));
         }
         if let Ok(d) = std::fs::File::open(&self.dir) {
             let _ = d.sync_all();
@@ -548,6 +564,25 @@ mod tests {
         assert_eq!(std::fs::read(out.join(&kept[0])).unwrap(), b"old a");
         retired.remove_in_background().unwrap().join().unwrap();
         assert_eq!(names(&out), ["a.img", "b.img", "c.img"]);
+    }
+
+    #[test]
+    fn a_commit_that_fails_midway_puts_the_old_set_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let mut s = Staged::new(&out).unwrap();
+        s.add("a.img", b"old a").unwrap();
+        drop(s.commit().unwrap());
+        // A folder in the way of the third file makes its rename fail after two have landed.
+        std::fs::create_dir_all(out.join("c.img/x")).unwrap();
+        let mut s = Staged::new(&out).unwrap();
+        s.add("a.img", b"new a").unwrap();
+        s.add("b.img", b"new b").unwrap();
+        s.add("c.img", b"new c").unwrap();
+        let err = s.commit().unwrap_err();
+        assert!(err.to_string().contains("c.img"), "{err}");
+        assert_eq!(std::fs::read(out.join("a.img")).unwrap(), b"old a");
+        assert_eq!(names(&out), ["a.img", "c.img"]);
     }
 
     fn manifest() -> Manifest {

@@ -1,5 +1,5 @@
-//! Graph sizing on the committed ONNX fixtures and, when present, the real models in `models/`.
-//! Files that are not there are skipped with a printed reason.
+//! Graph sizing on the committed ONNX fixtures and the trained models in `models/`. All of them are
+//! committed, so a missing one fails rather than skips.
 
 use std::path::{Path, PathBuf};
 
@@ -17,10 +17,6 @@ fn sysroot(name: &str) -> PathBuf {
 #[test]
 fn tiny_patch_model_sizes() {
     let path = repo().join("models/fixtures/tiny/patch.onnx");
-    if !path.exists() {
-        eprintln!("skipped: {} is not there", path.display());
-        return;
-    }
     let g = graph::analyse_file(&path, &ShapeBindings::default()).unwrap();
     // w: 2x4x3x3 f32 = 288 B, b: 2 f32 = 8 B.
     assert_eq!(g.parameter_bytes, 296);
@@ -34,10 +30,6 @@ fn tiny_patch_model_sizes() {
 #[test]
 fn tiny_dense_model_needs_tile_bindings() {
     let path = repo().join("models/fixtures/tiny/dense.onnx");
-    if !path.exists() {
-        eprintln!("skipped: {} is not there", path.display());
-        return;
-    }
     let err = graph::analyse_file(&path, &ShapeBindings::default()).unwrap_err();
     assert!(err.to_string().contains("h_padded"), "{err}");
     let tile = 16u64;
@@ -64,12 +56,8 @@ fn tiny_dense_model_needs_tile_bindings() {
 }
 
 #[test]
-fn real_models_if_present() {
-    let models = repo().join("models");
-    let Ok(dirs) = std::fs::read_dir(&models) else {
-        eprintln!("skipped: no models/ directory");
-        return;
-    };
+fn every_trained_patch_model_sizes() {
+    let dirs = std::fs::read_dir(repo().join("models")).unwrap();
     let mut seen = 0;
     for d in dirs.flatten() {
         let p = d.path().join("patch.onnx");
@@ -96,17 +84,12 @@ fn real_models_if_present() {
             Err(e) => panic!("{}: {e}", rel(&p)),
         }
     }
-    if seen == 0 {
-        eprintln!("skipped: no models/*/patch.onnx yet");
-    }
+    assert!(seen >= 3, "only {seen} trained patch models under models/");
 }
 
 #[test]
-fn real_dense_twins_if_present() {
-    let Ok(dirs) = std::fs::read_dir(repo().join("models")) else {
-        eprintln!("skipped: no models/ directory");
-        return;
-    };
+fn every_dense_twin_costs_more_per_larger_tile() {
+    let dirs = std::fs::read_dir(repo().join("models")).unwrap();
     let mut seen = 0;
     for d in dirs.flatten() {
         let p = d.path().join("dense.onnx");
@@ -135,9 +118,7 @@ fn real_dense_twins_if_present() {
         assert!(large.activation_peak_bytes <= 4 * small.activation_peak_bytes);
         assert_eq!(large.parameter_bytes, small.parameter_bytes);
     }
-    if seen == 0 {
-        eprintln!("skipped: no models/*/dense.onnx yet");
-    }
+    assert!(seen >= 1, "no trained dense twin under models/");
 }
 
 fn rel(p: &Path) -> String {

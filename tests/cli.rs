@@ -66,11 +66,16 @@ fn dense_and_patch_modes_agree_on_every_pixel() {
     assert_eq!(a.len(), 2 * 13 * 17);
     let max = a.iter().zip(&b).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
     assert!(max <= 1e-4, "max logit difference {max}");
-    let conf = read_f32(&patch.join("confidence.img"));
-    assert!(
-        conf.iter().all(|c| (0.5..=1.0).contains(c)),
-        "softmax max of 2 classes lies in [0.5, 1]"
-    );
+    // The stitcher starts every confidence at NaN: a pixel no tile wrote would still be NaN here.
+    for out in [&patch, &dense] {
+        let conf = read_f32(&out.join("confidence.img"));
+        assert_eq!(conf.len(), 13 * 17);
+        assert!(
+            conf.iter().all(|c| (0.5..=1.0).contains(c)),
+            "softmax max of 2 classes lies in [0.5, 1] in {}",
+            out.display()
+        );
+    }
 }
 
 #[test]
@@ -154,37 +159,44 @@ fn gdal_and_spectral_python_open_the_maps() {
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .map(|d| d.join("gdalinfo"))
         .find(|p| p.is_file());
-    let ran = match gdalinfo {
-        Some(bin) => std::process::Command::new(bin).arg(out.join("class_map.img")).output(),
-        None => Err(std::io::Error::new(
-            std::io::ErrorKind::NotFound,
-            "gdalinfo is not on PATH",
-        )),
-    };
-    match ran {
-        Ok(o) => {
-            let text = String::from_utf8_lossy(&o.stdout);
-            assert!(
-                o.status.success(),
-                "gdalinfo failed: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            assert!(text.contains("Size is 17, 13"), "{text}");
-            assert!(text.contains("class_b"), "class names reach GDAL: {text}");
+    match gdalinfo {
+        Some(bin) => {
+            for (file, needles) in [
+                ("class_map.img", &["Type=Byte", "class_b"][..]),
+                ("confidence.img", &["Type=Float32"][..]),
+                ("scores.img", &["Type=Float32", "Band 2"][..]),
+            ] {
+                let o = std::process::Command::new(&bin).arg(out.join(file)).output().unwrap();
+                let text = String::from_utf8_lossy(&o.stdout);
+                assert!(
+                    o.status.success(),
+                    "gdalinfo {file} failed: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                assert!(text.contains("Driver: ENVI"), "{file}: {text}");
+                assert!(text.contains("Size is 17, 13"), "{file}: {text}");
+                for n in needles {
+                    assert!(text.contains(n), "{file} lacks {n} in gdalinfo: {text}");
+                }
+            }
         }
-        Err(_) if !ci => eprintln!("skipped: gdalinfo not installed"),
-        Err(e) => panic!("CI installs gdal-bin: {e}"),
+        None if !ci => eprintln!("skipped: gdalinfo not on PATH"),
+        None => panic!("CI installs gdal-bin, but gdalinfo is not on PATH"),
     }
     let py = format!(
         "import spectral, numpy as np\n\
          c = spectral.open_image('{}').load()\n\
          s = spectral.open_image('{}').load()\n\
+         f = spectral.open_image('{}').load()\n\
          assert c.shape == (13, 17, 1), c.shape\n\
          assert s.shape == (13, 17, 2), s.shape\n\
+         assert f.shape == (13, 17, 1) and f.dtype == np.float32, (f.shape, f.dtype)\n\
+         assert ((f >= 0.5) & (f <= 1.0)).all()\n\
          assert set(np.unique(c)) <= {{1, 2}}\n\
          print('ok')",
         out.join("class_map.hdr").display(),
-        out.join("scores.hdr").display()
+        out.join("scores.hdr").display(),
+        out.join("confidence.hdr").display()
     );
     match std::process::Command::new("python3").args(["-c", &py]).output() {
         Ok(o) if o.status.success() => assert!(String::from_utf8_lossy(&o.stdout).contains("ok")),

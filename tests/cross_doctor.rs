@@ -160,15 +160,9 @@ fn onnxruntime_older_than_1_18_fails() {
     assert!(c.details.iter().any(|d| d.contains(">= 1.18")), "{c:?}");
 }
 
-/// The binary's `doctor` subcommand, when the engine owner has wired it (`hsiedge doctor --root DIR`).
+/// The binary's `doctor` subcommand (`hsiedge doctor --root DIR`): exit status and JSON per root.
 #[test]
 fn binary_doctor_subcommand() {
-    let mut cmd = common::hsiedge();
-    let help = cmd.arg("--help").output().expect("spawn hsiedge");
-    if !String::from_utf8_lossy(&help.stdout).contains("doctor") {
-        eprintln!("hsiedge has no doctor subcommand yet; skipping");
-        return;
-    }
     for (root, provider, code) in [
         ("orin_nano_jp6", "tensorrt", 0),
         ("xavier_nx_jp5", "cpu", 0),
