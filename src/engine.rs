@@ -507,7 +507,6 @@ impl Graph {
         self.shrink_next = self.arena != Arena::Off;
     }
 
-    /// Runs the graph on `data` of `shape`, returning the output's shape and values.
     /// Runs a dense twin once over a window of `2 * halo + 2` pixels a side, which must give the
     /// 2 x 2 centre: a twin that trims another halo than the manifest's would otherwise fail (or
     /// shift every tile) only once a run is under way.
@@ -539,6 +538,7 @@ impl Graph {
         Ok(())
     }
 
+    /// Runs the graph on `data` of `shape`, returning the output's shape and values.
     pub fn run(&mut self, data: &[f32], shape: &[usize]) -> Result<(Vec<usize>, Vec<f32>), EngineError> {
         let fail = |message: String| EngineError::Run {
             path: self.path.clone(),

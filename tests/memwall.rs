@@ -241,7 +241,10 @@ fn a_neighbour_growing_in_the_same_cgroup_makes_it_shrink_and_finish() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let cg = Cgroup::new("neighbour", 900 * MIB);
     let dir = tempfile::tempdir().unwrap();
-    let args = classify_args(&dir.path().join("o"), &["--tile", "32"]);
+    // The budget is re-read between batches, so what the neighbour takes while one runs has to
+    // fit in the fragmentation margin: at 200 MiB/s and about half a second per batch, the
+    // default 10 % (90 MiB) leaves it to chance whether the first batch ends before the wall.
+    let args = classify_args(&dir.path().join("o"), &["--tile", "32", "--frag-margin", "0.25"]);
     let a: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut job = cg
         .command(env!("CARGO_BIN_EXE_hsiedge"), &a)
