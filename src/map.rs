@@ -150,9 +150,10 @@ impl Staged {
                         None => std::fs::remove_file(done),
                     };
                     if restored.is_err() {
-                        // Not restorable (the folder itself failing): at least nothing of the
-                        // new set stays under its final name.
+                        // Not restorable (the folder itself failing): nothing of the new set stays
+                        // under its final name, and the old file keeps its hidden link.
                         let _ = std::fs::remove_file(done);
+                        retired.links.retain(|l| Some(l) != old.as_ref());
                     }
                 }
                 return Err(MapError::Io { path, source: e.error });
