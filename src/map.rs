@@ -117,8 +117,9 @@ impl Staged {
 
     /// Waits for every staged file's sync, renames each into place in staging order, then syncs
     /// the folder. When a rename fails, those already made are undone (each old file restored from
-    /// its hidden link, a new one removed) before the error returns. The files replaced are unlinked when the returned [`Retired`] is dropped or
-    /// handed to [`Retired::remove_in_background`].
+    /// its hidden link, a new one removed) before the error returns. The files replaced are
+    /// unlinked when the returned [`Retired`] is dropped or handed to
+    /// [`Retired::remove_in_background`].
     pub fn commit(mut self) -> Result<Retired, MapError> {
         let mut retired = Retired { links: Vec::new() };
         let mut entries = Vec::with_capacity(self.files.len());
