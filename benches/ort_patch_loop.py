@@ -2,11 +2,14 @@
 
 It reads the ENVI scene with numpy, normalises with the manifest's statistics, pads by reflection
 (numpy mode="reflect", as hsiedge does) and feeds every pixel's p x p patch to the patch model in
-batches of --batch, in the same pixel order. Two timings, medians over --repeat runs:
+batches of --batch, in the same pixel order. Two timings:
   run_loop_s     only the sess.run calls (patch batches are built outside the clock);
   with_gather_s  the DeepHyperX-style loop: copy each window into the batch, then run.
-Prints one JSON object on stdout.
+Prints one JSON object on stdout: their medians over --repeat runs. With --serve it prints
+{"onnxruntime": version} once set up, then runs one repetition for each line read on stdin and
+prints its two timings, so `hsiedge bench` can interleave its repetitions with its own.
 """
+import sys
 import argparse, json, os, re, time
 import numpy as np
 import onnxruntime as ort
@@ -39,6 +42,7 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--serve", action="store_true", help="one repetition per stdin line")
     ap.add_argument("--spin", type=int, default=0, help="session.intra_op.allow_spinning, as hsiedge sets it")
     a = ap.parse_args()
     m = json.load(open(a.manifest))
@@ -71,22 +75,27 @@ def main():
 
     chunks = [pixels[k:k + a.batch] for k in range(0, len(pixels), a.batch)]
     sess.run(None, {name: batch_of(chunks[0])})
-    runs, gathers = [], []
-    for _ in range(a.repeat):
+    def rep():
         spent = 0.0
         for c in chunks:
             b = batch_of(c)
             t = time.perf_counter()
             sess.run(None, {name: b})
             spent += time.perf_counter() - t
-        runs.append(spent)
         t = time.perf_counter()
         for c in chunks:
             sess.run(None, {name: batch_of(c)})
-        gathers.append(time.perf_counter() - t)
+        return spent, time.perf_counter() - t
+
+    if a.serve:
+        print(json.dumps({"onnxruntime": ort.__version__}), flush=True)
+        for _ in sys.stdin:
+            run, gather = rep()
+            print(json.dumps({"run_loop_s": run, "with_gather_s": gather}), flush=True)
+        return
+    runs, gathers = zip(*(rep() for _ in range(a.repeat)))
     med = lambda v: sorted(v)[len(v) // 2]
     print(json.dumps({"run_loop_s": med(runs), "with_gather_s": med(gathers), "onnxruntime": ort.__version__}))
-
 
 if __name__ == "__main__":
     main()

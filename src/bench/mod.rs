@@ -4,6 +4,10 @@
 //! `classify` times, on one scene and model: patch and dense mode end to end (read, tile, infer,
 //! stitch, write), the pure inference time of exactly the batches each mode sends, and optionally a
 //! bare onnxruntime Python loop over the same patches and batch size (`benches/ort_patch_loop.py`).
+//!
+//! The measurements of a mode are interleaved, one of each per repetition, and each ratio is the
+//! median of the per-repetition ratios: on a shared machine whose speed drifts by several per cent
+//! over a minute, two blocks of runs timed one after the other compare the drift as much as the code.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -71,6 +75,8 @@ pub struct ModeResult {
     pub write_s: f64,
     /// `pixels / end_to_end_s`.
     pub pixels_per_s: f64,
+    /// Median over repetitions of end to end over the pure inference of the same repetition.
+    pub e2e_over_inference: f64,
     /// Every end-to-end sample.
     pub end_to_end_samples_s: Vec<f64>,
     /// Every inference sample.
@@ -80,10 +86,13 @@ pub struct ModeResult {
 /// The Python baseline's result.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct PythonBaseline {
-    /// Median seconds of the bare `sess.run` loop over all patch batches.
+    /// Median seconds of the bare `sess.run` loop over all patch batches, one repetition after
+    /// each of hsiedge's patch repetitions.
     pub run_loop_s: f64,
     /// Median seconds including the peer-style per-pixel window copy into each batch.
     pub with_gather_s: f64,
+    /// Every run-loop sample, in repetition order (paired with the patch end-to-end samples).
+    pub run_loop_samples_s: Vec<f64>,
     /// onnxruntime version.
     pub onnxruntime: String,
 }
@@ -109,11 +118,12 @@ pub struct ClassifyBench {
     pub python: Option<PythonBaseline>,
     /// dense px/s over patch px/s (end to end).
     pub dense_over_patch: Option<f64>,
-    /// Patch end-to-end time over its pure inference time.
+    /// Patch end-to-end time over its pure inference time (median of per-repetition ratios).
     pub patch_e2e_over_inference: Option<f64>,
-    /// Dense end-to-end time over its pure inference time.
+    /// Dense end-to-end time over its pure inference time (median of per-repetition ratios).
     pub dense_e2e_over_inference: Option<f64>,
-    /// hsiedge patch end-to-end time over the Python bare loop time (1.0 = equal; below is faster).
+    /// hsiedge patch end-to-end time over the Python bare loop time of the same repetition, median
+    /// over repetitions (1.0 = equal; below is faster).
     pub patch_over_python_loop: Option<f64>,
     /// Peak resident set of this process over the whole benchmark.
     pub peak_rss_bytes: u64,
@@ -139,7 +149,8 @@ pub struct ClassifyBenchOptions {
 }
 
 /// Builds every batch of a run on this thread and hands each to `f` (stopping when it returns
-/// `false`), its buffer going back to `pool` (the job's, reopened for two), as a run's would.
+/// `false`), its buffer going back to `pool` as a run's would. The pool is reopened at the run's
+/// own limit, so the buffers the next end-to-end run reuses stay resident.
 fn each_batch(
     cube: &Cube,
     manifest: &Manifest,
@@ -147,7 +158,8 @@ fn each_batch(
     pool: &pipeline::BufferPool,
     mut f: impl FnMut(&Batch) -> bool,
 ) {
-    pool.reopen(2);
+    let units = pipeline::units(cube, manifest, run);
+    pool.reopen(pipeline::BufferPool::run_limit(run.queue, units, run.batch));
     let target = std::sync::atomic::AtomicUsize::new(run.batch);
     pipeline::produce_with(cube, manifest, run, &target, Some(pool), |b: Batch| {
         let go = f(&b);
@@ -156,7 +168,136 @@ fn each_batch(
     });
 }
 
-fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(ModeResult, usize, Job), BenchError> {
+/// A Python baseline process kept alive across repetitions, so each of its repetitions runs
+/// between two of hsiedge's under the same machine conditions.
+struct PythonLoop {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+    /// The child's stderr: a file, not a pipe, so a chatty child never blocks on a full pipe.
+    stderr: std::fs::File,
+    command: String,
+    onnxruntime: String,
+}
+
+#[derive(serde::Deserialize)]
+struct PythonRep {
+    run_loop_s: f64,
+    with_gather_s: f64,
+}
+
+#[derive(serde::Deserialize)]
+struct PythonReady {
+    onnxruntime: String,
+}
+
+impl PythonLoop {
+    fn start(python: &str, script: &Path, job: &Job, batch: usize) -> Result<Self, BenchError> {
+        use std::process::Stdio;
+        let args: Vec<String> = vec![
+            script.display().to_string(),
+            "--manifest".into(),
+            job.manifest.path.display().to_string(),
+            "--scene".into(),
+            job.cube.header_path().display().to_string(),
+            "--batch".into(),
+            batch.to_string(),
+            "--threads".into(),
+            job.spec.engine.threads.to_string(),
+            "--spin".into(),
+            u8::from(job.spec.engine.spin).to_string(),
+            "--serve".into(),
+        ];
+        let command = format!("{python} {}", args.join(" "));
+        let err = |message: String| BenchError::Baseline {
+            command: command.clone(),
+            message,
+        };
+        let stderr = tempfile::tempfile().map_err(|e| err(e.to_string()))?;
+        let child_stderr = stderr.try_clone().map_err(|e| err(e.to_string()))?;
+        let mut child = std::process::Command::new(python)
+            .args(&args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(child_stderr)
+            .spawn()
+            .map_err(|e| err(e.to_string()))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            return Err(err("no pipe to the child".into()));
+        };
+        let mut me = Self {
+            child,
+            stdin,
+            stdout: std::io::BufReader::new(stdout),
+            stderr,
+            command,
+            onnxruntime: String::new(),
+        };
+        let ready: PythonReady = me.read()?;
+        me.onnxruntime = ready.onnxruntime;
+        Ok(me)
+    }
+
+    /// One line of JSON from the child; its stderr when it has exited instead.
+    fn read<T: serde::de::DeserializeOwned>(&mut self) -> Result<T, BenchError> {
+        use std::io::{BufRead, Read, Seek};
+        let mut line = String::new();
+        let n = self.stdout.read_line(&mut line).map_err(|e| self.err(e.to_string()))?;
+        if n == 0 {
+            let _ = self.child.wait();
+            let mut stderr = String::new();
+            if self.stderr.seek(std::io::SeekFrom::Start(0)).is_ok() {
+                let _ = self.stderr.read_to_string(&mut stderr);
+            }
+            return Err(self.err(format!("exited early: {}", stderr.trim())));
+        }
+        serde_json::from_str(&line).map_err(|e| self.err(format!("{e}: {}", line.trim())))
+    }
+
+    /// One repetition: the bare run loop and the loop with the window copy.
+    fn rep(&mut self) -> Result<PythonRep, BenchError> {
+        use std::io::Write;
+        writeln!(self.stdin, "run")
+            .and_then(|()| self.stdin.flush())
+            .map_err(|e| self.err(e.to_string()))?;
+        self.read()
+    }
+
+    fn err(&self, message: String) -> BenchError {
+        BenchError::Baseline {
+            command: self.command.clone(),
+            message,
+        }
+    }
+}
+
+impl Drop for PythonLoop {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What [`time_mode`] measured.
+struct Timed {
+    result: ModeResult,
+    pixels: usize,
+    /// The Python baseline and hsiedge's end to end over it (median of per-repetition ratios).
+    python: Option<(PythonBaseline, f64)>,
+    has_dense: bool,
+}
+
+/// The median of the ratios `a[i] / b[i]` of paired samples.
+fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
+    let r: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b.max(1e-12)).collect();
+    median(&r)
+}
+
+/// Times `mode`: each repetition runs end to end, then the same batches' pure inference, then the
+/// tiling alone (and the Python loop, when given), so every ratio compares samples taken under
+/// the same machine conditions, not two blocks of runs minutes apart on a drifting shared machine.
+fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize, python: Option<&str>) -> Result<Timed, BenchError> {
     let tmp = tempfile::tempdir().map_err(BenchError::Temp)?;
     let spec = JobSpec {
         mode: ModeChoice::Fixed(mode),
@@ -169,7 +310,15 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
     // One untimed run warms the session's arena and kernels.
     let (maps, stats) = job.infer(&mut |_| {})?;
     job.write(&maps, &stats)?;
-    let (mut e2e, mut waits, mut writes) = (Vec::new(), Vec::new(), Vec::new());
+    // Started on the resolved job, so a bad scene or model is reported once, by hsiedge.
+    let mut python = match python {
+        Some(py) => Some(PythonLoop::start(py, &opts.script, &job, batch)?),
+        None => None,
+    };
+    let (mut e2e, mut waits, mut writes, mut inf, mut tiling) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut reps = Vec::new();
+    let mut batches = 0;
     for _ in 0..opts.repeat {
         let t = Instant::now();
         let (maps, stats) = job.infer(&mut |_| {})?;
@@ -178,12 +327,8 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
         e2e.push(t.elapsed().as_secs_f64());
         writes.push(w.elapsed().as_secs_f64());
         waits.push(stats.wait_s);
-    }
-    // The same batches again, produced on this thread with only `run` inside the clock, so holding
-    // every batch in memory at once is not needed.
-    let mut inf = Vec::new();
-    let mut batches = 0;
-    for _ in 0..opts.repeat {
+        // The same batches, produced on this thread with only `run` inside the clock, so holding
+        // every batch in memory at once is not needed.
         let mut spent = std::time::Duration::ZERO;
         let mut failed = None;
         batches = 0;
@@ -202,12 +347,12 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
             return Err(BenchError::Job(JobError::Engine(e)));
         }
         inf.push(spent.as_secs_f64());
-    }
-    let mut tiling = Vec::new();
-    for _ in 0..opts.repeat {
         let t = Instant::now();
         each_batch(&job.cube, &job.manifest, &job.run, &job.buffers, |_| true);
         tiling.push(t.elapsed().as_secs_f64());
+        if let Some(py) = python.as_mut() {
+            reps.push(py.rep()?);
+        }
     }
     let pixels = stats.pixels;
     let result = ModeResult {
@@ -221,69 +366,52 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize) -> Result<(M
         wait_s: median(&waits),
         write_s: median(&writes),
         pixels_per_s: pixels as f64 / median(&e2e).max(1e-12),
+        e2e_over_inference: median_ratio(&e2e, &inf),
         end_to_end_samples_s: e2e,
         inference_samples_s: inf,
     };
-    Ok((result, pixels, job))
-}
-
-fn python_baseline(
-    python: &str,
-    script: &Path,
-    job: &Job,
-    batch: usize,
-    repeat: usize,
-) -> Result<PythonBaseline, BenchError> {
-    let args: Vec<String> = vec![
-        script.display().to_string(),
-        "--manifest".into(),
-        job.manifest.path.display().to_string(),
-        "--scene".into(),
-        job.cube.header_path().display().to_string(),
-        "--batch".into(),
-        batch.to_string(),
-        "--threads".into(),
-        job.spec.engine.threads.to_string(),
-        "--repeat".into(),
-        repeat.to_string(),
-        "--spin".into(),
-        u8::from(job.spec.engine.spin).to_string(),
-    ];
-    let command = format!("{python} {}", args.join(" "));
-    let err = |message: String| BenchError::Baseline {
-        command: command.clone(),
-        message,
-    };
-    let out = std::process::Command::new(python)
-        .args(&args)
-        .output()
-        .map_err(|e| err(e.to_string()))?;
-    if !out.status.success() {
-        return Err(err(String::from_utf8_lossy(&out.stderr).into_owned()));
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| err(format!("{e}: {}", String::from_utf8_lossy(&out.stdout))))
+    let python = python.map(|py| {
+        let run: Vec<f64> = reps.iter().map(|r| r.run_loop_s).collect();
+        let gather: Vec<f64> = reps.iter().map(|r| r.with_gather_s).collect();
+        let ratio = median_ratio(&result.end_to_end_samples_s, &run);
+        let baseline = PythonBaseline {
+            run_loop_s: median(&run),
+            with_gather_s: median(&gather),
+            run_loop_samples_s: run,
+            onnxruntime: py.onnxruntime.clone(),
+        };
+        (baseline, ratio)
+    });
+    Ok(Timed {
+        result,
+        pixels,
+        python,
+        has_dense: job.manifest.files.dense.is_some(),
+    })
 }
 
 /// Runs `bench classify`.
 pub fn classify(opts: &ClassifyBenchOptions) -> Result<ClassifyBench, BenchError> {
     let mut pixels = 0;
     let mut has_dense = None;
+    let mut patch_over_python_loop = None;
     let (patch, python) = if opts.only == Some(Mode::Dense) {
         (None, None)
     } else {
-        let (patch, px, job) = time_mode(opts, Mode::Patch, opts.patch_batch)?;
-        pixels = px;
-        has_dense = Some(job.manifest.files.dense.is_some());
-        let python = match &opts.python {
-            Some(py) => Some(python_baseline(py, &opts.script, &job, opts.patch_batch, opts.repeat)?),
-            None => None,
-        };
+        let t = time_mode(opts, Mode::Patch, opts.patch_batch, opts.python.as_deref())?;
+        pixels = t.pixels;
+        has_dense = Some(t.has_dense);
+        let python = t.python.map(|(baseline, ratio)| {
+            patch_over_python_loop = Some(ratio);
+            baseline
+        });
+        let patch = t.result;
         (Some(patch), python)
     };
     let dense = if opts.only != Some(Mode::Patch) && has_dense != Some(false) {
-        let (d, px, _) = time_mode(opts, Mode::Dense, opts.dense_batch)?;
-        pixels = px;
-        Some(d)
+        let t = time_mode(opts, Mode::Dense, opts.dense_batch, None)?;
+        pixels = t.pixels;
+        Some(t.result)
     } else {
         None
     };
@@ -298,12 +426,9 @@ pub fn classify(opts: &ClassifyBenchOptions) -> Result<ClassifyBench, BenchError
             dense.as_ref().map(|d| d.pixels_per_s),
             patch.as_ref().map(|p| p.pixels_per_s),
         ),
-        patch_e2e_over_inference: patch.as_ref().map(|p| p.end_to_end_s / p.inference_s),
-        dense_e2e_over_inference: dense.as_ref().map(|d| d.end_to_end_s / d.inference_s),
-        patch_over_python_loop: ratio(
-            patch.as_ref().map(|p| p.end_to_end_s),
-            python.as_ref().map(|p| p.run_loop_s),
-        ),
+        patch_e2e_over_inference: patch.as_ref().map(|p| p.e2e_over_inference),
+        dense_e2e_over_inference: dense.as_ref().map(|d| d.e2e_over_inference),
+        patch_over_python_loop,
         patch,
         dense,
         python,
