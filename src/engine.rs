@@ -40,13 +40,34 @@ pub enum EngineError {
         /// The path given.
         path: PathBuf,
     },
-    /// The library exists but could not be loaded or initialised.
-    #[error("{path}: cannot load ONNX Runtime: {message}")]
+    /// The library exists but could not be opened as ONNX Runtime (dlopen, API, version).
+    #[error("{path}: cannot load ONNX Runtime{}", loader.as_ref().map(|l| format!(" ({l})")).unwrap_or_default())]
+    Open {
+        /// The library.
+        path: PathBuf,
+        /// The dynamic loader's own reason, when it refused the file.
+        loader: Option<String>,
+        /// What the dynamic loader or the version check reported.
+        #[source]
+        source: ort::LoadDynamicError,
+    },
+    /// The library loaded, but its environment could not be created.
+    #[error("{path}: cannot initialise ONNX Runtime")]
     Load {
         /// The library.
         path: PathBuf,
-        /// The loader's message.
-        message: String,
+        /// What ONNX Runtime reported.
+        #[source]
+        source: ort::Error,
+    },
+    /// The library loaded, but the shared CPU arena sessions allocate from could not be registered.
+    #[error("{path}: cannot register the CPU arena with ONNX Runtime")]
+    Arena {
+        /// The library.
+        path: PathBuf,
+        /// The failed C API call and its status message.
+        #[source]
+        source: crate::ffi::OrtCallError,
     },
     /// ONNX Runtime was already initialised from another library in this process.
     #[error("ONNX Runtime is already loaded from {loaded}; cannot switch to {requested} in the same process")]
@@ -351,16 +372,25 @@ impl Runtime {
                 options,
             });
         }
-        let load_err = |message: String| EngineError::Load {
+        let builder = ort::init_from(&location.path).map_err(|source| EngineError::Open {
+            loader: match source {
+                ort::LoadDynamicError::Dlopen { .. } => crate::ffi::dlopen_error(&location.path),
+                _ => None,
+            },
             path: location.path.clone(),
-            message,
-        };
-        let builder = ort::init_from(&location.path).map_err(|e| load_err(e.to_string()))?;
+            source,
+        })?;
         let env = builder
             .with_name("hsiedge")
             .build()
-            .map_err(|e| load_err(e.to_string()))?;
-        crate::ffi::register_cpu_arena(&env).map_err(|e| load_err(e.to_string()))?;
+            .map_err(|source| EngineError::Load {
+                path: location.path.clone(),
+                source,
+            })?;
+        crate::ffi::register_cpu_arena(&env).map_err(|source| EngineError::Arena {
+            path: location.path.clone(),
+            source,
+        })?;
         let _ = LOADED.set((location.clone(), env.clone()));
         Ok(Self { env, location, options })
     }

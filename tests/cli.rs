@@ -464,6 +464,34 @@ fn missing_runtime_library_says_what_to_install() {
 }
 
 #[test]
+fn a_runtime_library_that_is_not_one_names_it_and_the_loader_s_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    let lib = dir.path().join("libonnxruntime.so");
+    std::fs::write(&lib, b"not an ELF file").unwrap();
+    let err = fails(&[
+        "classify",
+        scene.to_str().unwrap(),
+        "--model",
+        tiny().to_str().unwrap(),
+        "--out",
+        dir.path().join("o").to_str().unwrap(),
+        "--ort-lib",
+        lib.to_str().unwrap(),
+    ]);
+    // The whole chain: hsiedge's context, then the dynamic loader's own words.
+    assert!(
+        err.contains(&format!("{}: cannot load ONNX Runtime", lib.display())),
+        "{err}"
+    );
+    assert!(err.to_lowercase().contains("elf") || err.contains("too short"), "{err}");
+    assert!(
+        !err.contains("panicked") && !dir.path().join("o/class_map.img").exists(),
+        "{err}"
+    );
+}
+
+#[test]
 fn bad_settings_are_rejected() {
     let dir = tempfile::tempdir().unwrap();
     let scene = tiny_cube(dir.path());

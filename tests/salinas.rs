@@ -177,7 +177,11 @@ fn bench_classify_reports_the_parts_of_end_to_end_time() {
     assert!(tiling < e2e && write < e2e && wait < e2e, "{d}");
     // Each repetition's end to end is paired with the pure inference timed right after it.
     let ratio = r["dense_e2e_over_inference"].as_f64().unwrap();
-    assert_eq!(ratio, median_ratio(&d["end_to_end_samples_s"], &d["inference_samples_s"]), "{r}");
+    assert_eq!(
+        ratio,
+        median_ratio(&d["end_to_end_samples_s"], &d["inference_samples_s"]),
+        "{r}"
+    );
     assert!(r["patch"].is_null() && r["python"].is_null(), "{r}");
 }
 
@@ -212,7 +216,10 @@ fn bench_classify_pairs_each_repetition_with_one_of_the_python_loop() {
         "--python",
         "python3",
         "--script",
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/ort_patch_loop.py").to_str().unwrap(),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("benches/ort_patch_loop.py")
+            .to_str()
+            .unwrap(),
         "--json",
     ]);
     let r: serde_json::Value = serde_json::from_str(&out).expect("bench JSON");
@@ -223,6 +230,10 @@ fn bench_classify_pairs_each_repetition_with_one_of_the_python_loop() {
     let run = py["run_loop_s"].as_f64().unwrap();
     assert!(run > 0.0 && py["with_gather_s"].as_f64().unwrap() > 0.0, "{r}");
     let ratio = r["patch_over_python_loop"].as_f64().unwrap();
-    assert_eq!(ratio, median_ratio(&p["end_to_end_samples_s"], &py["run_loop_samples_s"]), "{r}");
+    assert_eq!(
+        ratio,
+        median_ratio(&p["end_to_end_samples_s"], &py["run_loop_samples_s"]),
+        "{r}"
+    );
     assert!(r["dense"].is_null(), "{r}");
 }
