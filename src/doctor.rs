@@ -622,30 +622,9 @@ fn lib_in(dir: &Path) -> Option<PathBuf> {
     engine::lib_in(dir)
 }
 
-/// `site-packages` and `dist-packages` folders of the usual Python installs, as paths on the
-/// inspected system.
+/// The engine's Python install folders ([`engine::python_site_dirs`]) on the inspected system.
 fn python_site_dirs(opts: &DoctorOptions) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for base in ["/usr/lib", "/usr/local/lib", "/opt/hsiedge/venv/lib"] {
-        let Ok(entries) = fs::read_dir(opts.at(Path::new(base))) else {
-            continue;
-        };
-        let mut pys: Vec<String> = entries
-            .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().to_str().map(str::to_string))
-            .filter(|n| n.starts_with("python3"))
-            .collect();
-        pys.sort();
-        for py in pys {
-            for sub in ["dist-packages", "site-packages"] {
-                let d = Path::new(base).join(&py).join(sub);
-                if opts.at(&d).is_dir() {
-                    out.push(d);
-                }
-            }
-        }
-    }
-    out
+    engine::python_site_dirs(|p| opts.at(p))
 }
 
 /// The version in a library's file name (following symlinks, relative ones under the root).

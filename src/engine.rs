@@ -126,7 +126,8 @@ pub struct LibLocation {
 }
 
 /// Finds libonnxruntime: `explicit` (`--ort-lib`), then `ORT_DYLIB_PATH`, then beside the executable,
-/// then system library paths, then an installed Python `onnxruntime`.
+/// then system library paths, then an installed Python `onnxruntime`: the configured interpreter's,
+/// then one under [`PYTHON_LIB_BASES`]. `hsiedge doctor` searches the same places in the same order.
 pub fn find_library(explicit: Option<&Path>) -> Result<LibLocation, EngineError> {
     if let Some(p) = explicit {
         return existing(p, "--ort-lib", LibSource::Flag);
@@ -152,20 +153,30 @@ pub fn find_library(explicit: Option<&Path>) -> Result<LibLocation, EngineError>
         }
         tried.push(dir);
     }
+    // The interpreter's own package first, then the usual install folders: a service's
+    // environment may not have on its PATH the Python that installed the package.
+    let mut packages: Vec<PathBuf> = Vec::new();
     match python_onnxruntime_dir() {
-        Some(dir) => {
-            if let Some(p) = lib_in(&dir.join("capi")) {
-                return Ok(LibLocation {
-                    path: p,
-                    source: LibSource::Python,
-                });
-            }
-            tried.push(dir.join("capi"));
-        }
+        Some(dir) => packages.push(dir),
         None => tried.push(PathBuf::from(format!(
             "python onnxruntime package ({} -c 'import onnxruntime')",
             config::python()
         ))),
+    }
+    packages.extend(
+        python_site_dirs(Path::to_path_buf)
+            .into_iter()
+            .map(|d| d.join("onnxruntime")),
+    );
+    for pkg in packages {
+        let capi = pkg.join("capi");
+        if let Some(p) = lib_in(&capi) {
+            return Ok(LibLocation {
+                path: p,
+                source: LibSource::Python,
+            });
+        }
+        tried.push(capi);
     }
     Err(EngineError::LibraryNotFound { tried })
 }
@@ -235,6 +246,37 @@ fn system_lib_dirs() -> Vec<PathBuf> {
     let mut v = config::LD_LIBRARY_PATH.paths();
     v.extend(SYSTEM_LIB_DIRS.iter().map(PathBuf::from));
     v
+}
+
+/// The folders of the usual Python installs whose `python3*/{dist,site}-packages` are searched for an
+/// `onnxruntime` package after the configured interpreter's own.
+pub const PYTHON_LIB_BASES: &[&str] = &["/usr/lib", "/usr/local/lib", "/opt/hsiedge/venv/lib"];
+
+/// The `dist-packages` and `site-packages` folders under [`PYTHON_LIB_BASES`] that exist, in search
+/// order, as paths on the system inspected; `at` maps such a path to where it is read from here
+/// (the identity for this system, a root prefix for `hsiedge doctor --root`).
+pub fn python_site_dirs(at: impl Fn(&Path) -> PathBuf) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for base in PYTHON_LIB_BASES {
+        let Ok(entries) = std::fs::read_dir(at(Path::new(base))) else {
+            continue;
+        };
+        let mut pys: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|n| n.starts_with("python3"))
+            .collect();
+        pys.sort();
+        for py in pys {
+            for sub in ["dist-packages", "site-packages"] {
+                let d = Path::new(base).join(&py).join(sub);
+                if at(&d).is_dir() {
+                    out.push(d);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Asks the configured Python (`HSIEDGE_PYTHON`, else `python3`) where its `onnxruntime` package lives.
@@ -594,6 +636,37 @@ impl Graph {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn python_site_dirs_are_the_python3_package_folders_in_search_order() {
+        let root = tempfile::tempdir().unwrap();
+        let at = |p: &Path| root.path().join(p.strip_prefix("/").unwrap());
+        for d in [
+            "/usr/local/lib/python3.11/site-packages",
+            "/usr/lib/python3.12/dist-packages",
+            "/usr/lib/python3.10/dist-packages",
+            "/usr/lib/python3.10/site-packages",
+            "/usr/lib/python2.7/dist-packages",
+            "/opt/hsiedge/venv/lib/python3.10/site-packages",
+        ] {
+            std::fs::create_dir_all(at(Path::new(d))).unwrap();
+        }
+        // A file, not a folder: not a package folder.
+        std::fs::create_dir_all(at(Path::new("/usr/lib/python3.9"))).unwrap();
+        std::fs::write(at(Path::new("/usr/lib/python3.9/dist-packages")), b"").unwrap();
+        let got = python_site_dirs(at);
+        let want: Vec<PathBuf> = [
+            "/usr/lib/python3.10/dist-packages",
+            "/usr/lib/python3.10/site-packages",
+            "/usr/lib/python3.12/dist-packages",
+            "/usr/local/lib/python3.11/site-packages",
+            "/opt/hsiedge/venv/lib/python3.10/site-packages",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        assert_eq!(got, want);
+    }
 
     #[test]
     fn the_highest_version_is_chosen_number_by_number() {
