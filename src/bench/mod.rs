@@ -6,8 +6,9 @@
 //! bare onnxruntime Python loop over the same patches and batch size (`benches/ort_patch_loop.py`).
 //!
 //! The measurements of a mode are interleaved, one of each per repetition, and each ratio is the
-//! median of the per-repetition ratios: on a shared machine whose speed drifts by several per cent
-//! over a minute, two blocks of runs timed one after the other compare the drift as much as the code.
+//! median of the per-repetition ratios, reported with their quartiles: on a shared machine whose
+//! speed drifts by several per cent over a minute, two blocks of runs timed one after the other
+//! compare the drift as much as the code.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -77,6 +78,8 @@ pub struct ModeResult {
     pub pixels_per_s: f64,
     /// Median over repetitions of end to end over the pure inference of the same repetition.
     pub e2e_over_inference: f64,
+    /// The quartiles of those per-repetition ratios: how far one repetition is from the next.
+    pub e2e_over_inference_quartiles: [f64; 2],
     /// Every end-to-end sample.
     pub end_to_end_samples_s: Vec<f64>,
     /// Every inference sample.
@@ -125,6 +128,8 @@ pub struct ClassifyBench {
     /// hsiedge patch end-to-end time over the Python bare loop time of the same repetition, median
     /// over repetitions (1.0 = equal; below is faster).
     pub patch_over_python_loop: Option<f64>,
+    /// The quartiles of the per-repetition ratios behind `patch_over_python_loop`.
+    pub patch_over_python_loop_quartiles: Option<[f64; 2]>,
     /// Peak resident set of this process over the whole benchmark.
     pub peak_rss_bytes: u64,
 }
@@ -283,15 +288,32 @@ impl Drop for PythonLoop {
 struct Timed {
     result: ModeResult,
     pixels: usize,
-    /// The Python baseline and hsiedge's end to end over it (median of per-repetition ratios).
-    python: Option<(PythonBaseline, f64)>,
+    /// The Python baseline and hsiedge's end to end over it (median and quartiles of the
+    /// per-repetition ratios).
+    python: Option<(PythonBaseline, (f64, [f64; 2]))>,
     has_dense: bool,
+}
+
+/// The ratios `a[i] / b[i]` of paired samples.
+fn ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(a, b)| a / b.max(1e-12)).collect()
 }
 
 /// The median of the ratios `a[i] / b[i]` of paired samples.
 fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
-    let r: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b.max(1e-12)).collect();
-    median(&r)
+    median(&ratios(a, b))
+}
+
+/// The lower and upper quartiles of `v` (nearest rank); zeros for an empty slice.
+pub fn quartiles(v: &[f64]) -> [f64; 2] {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let at = |q: usize| {
+        s.get((s.len() * q / 4).min(s.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0.0)
+    };
+    [at(1), at(3)]
 }
 
 /// Times `mode`: each repetition runs end to end, then the same batches' pure inference, then the
@@ -367,13 +389,15 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize, python: Opti
         write_s: median(&writes),
         pixels_per_s: pixels as f64 / median(&e2e).max(1e-12),
         e2e_over_inference: median_ratio(&e2e, &inf),
+        e2e_over_inference_quartiles: quartiles(&ratios(&e2e, &inf)),
         end_to_end_samples_s: e2e,
         inference_samples_s: inf,
     };
     let python = python.map(|py| {
         let run: Vec<f64> = reps.iter().map(|r| r.run_loop_s).collect();
         let gather: Vec<f64> = reps.iter().map(|r| r.with_gather_s).collect();
-        let ratio = median_ratio(&result.end_to_end_samples_s, &run);
+        let per_rep = ratios(&result.end_to_end_samples_s, &run);
+        let ratio = (median(&per_rep), quartiles(&per_rep));
         let baseline = PythonBaseline {
             run_loop_s: median(&run),
             with_gather_s: median(&gather),
@@ -395,14 +419,16 @@ pub fn classify(opts: &ClassifyBenchOptions) -> Result<ClassifyBench, BenchError
     let mut pixels = 0;
     let mut has_dense = None;
     let mut patch_over_python_loop = None;
+    let mut patch_over_python_loop_quartiles = None;
     let (patch, python) = if opts.only == Some(Mode::Dense) {
         (None, None)
     } else {
         let t = time_mode(opts, Mode::Patch, opts.patch_batch, opts.python.as_deref())?;
         pixels = t.pixels;
         has_dense = Some(t.has_dense);
-        let python = t.python.map(|(baseline, ratio)| {
+        let python = t.python.map(|(baseline, (ratio, q))| {
             patch_over_python_loop = Some(ratio);
+            patch_over_python_loop_quartiles = Some(q);
             baseline
         });
         let patch = t.result;
@@ -429,6 +455,7 @@ pub fn classify(opts: &ClassifyBenchOptions) -> Result<ClassifyBench, BenchError
         patch_e2e_over_inference: patch.as_ref().map(|p| p.e2e_over_inference),
         dense_e2e_over_inference: dense.as_ref().map(|d| d.e2e_over_inference),
         patch_over_python_loop,
+        patch_over_python_loop_quartiles,
         patch,
         dense,
         python,
@@ -477,15 +504,42 @@ impl std::fmt::Display for ClassifyBench {
         if let Some(r) = self.dense_over_patch {
             writeln!(f, "dense / patch throughput:            {r:.1}x")?;
         }
+        let q = |q: Option<[f64; 2]>| {
+            q.map(|[a, b]| format!(" (quartiles {a:.3}-{b:.3})"))
+                .unwrap_or_default()
+        };
         if let Some(r) = self.patch_e2e_over_inference {
-            writeln!(f, "patch end-to-end / pure inference:   {r:.3}")?;
+            let qs = self.patch.as_ref().map(|p| p.e2e_over_inference_quartiles);
+            writeln!(f, "patch end-to-end / pure inference:   {r:.3}{}", q(qs))?;
         }
         if let Some(r) = self.dense_e2e_over_inference {
-            writeln!(f, "dense end-to-end / pure inference:   {r:.3}")?;
+            let qs = self.dense.as_ref().map(|d| d.e2e_over_inference_quartiles);
+            writeln!(f, "dense end-to-end / pure inference:   {r:.3}{}", q(qs))?;
         }
         if let Some(r) = self.patch_over_python_loop {
-            writeln!(f, "patch end-to-end / python run loop:  {r:.3}")?;
+            writeln!(
+                f,
+                "patch end-to-end / python run loop:  {r:.3}{}",
+                q(self.patch_over_python_loop_quartiles)
+            )?;
         }
         write!(f, "peak RSS {:.1} MiB", self.peak_rss_bytes as f64 / 1048576.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn median_and_quartiles_are_nearest_rank_and_bracket_each_other() {
+        let v = [5.0, 1.0, 4.0, 2.0, 3.0, 8.0, 7.0, 6.0];
+        assert_eq!(median(&v), 5.0);
+        assert_eq!(quartiles(&v), [3.0, 7.0]);
+        assert_eq!(quartiles(&[2.0]), [2.0, 2.0]);
+        assert_eq!(quartiles(&[]), [0.0, 0.0]);
+        let (a, b) = ([2.0, 3.0, 8.0], [1.0, 2.0, 4.0]);
+        assert_eq!(ratios(&a, &b), vec![2.0, 1.5, 2.0]);
+        assert_eq!(median_ratio(&a, &b), 2.0);
     }
 }
