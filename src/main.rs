@@ -244,6 +244,10 @@ enum BenchCommand {
         /// Repetitions per measurement.
         #[arg(long, default_value_t = 5)]
         repeat: usize,
+        /// Repetitions of dense mode (default: --repeat, and at least 51: dense runs take
+        /// milliseconds, so more of them cost little and steady the median).
+        #[arg(long)]
+        dense_repeat: Option<usize>,
         /// Python interpreter for the onnxruntime baseline loop (default: HSIEDGE_PYTHON, else python3).
         #[arg(long)]
         python: Option<String>,
@@ -299,6 +303,9 @@ enum BenchCommand {
         engine: EngineArgs,
     },
 }
+
+/// The fewest dense repetitions `bench classify` runs unless `--dense-repeat` says otherwise.
+const DENSE_MIN_REPEAT: usize = 51;
 
 fn main() -> std::process::ExitCode {
     hsiedge::ffi::pin_allocator_thresholds();
@@ -409,6 +416,7 @@ fn run(cli: Cli) -> Result<()> {
                     dense_batch,
                     tile,
                     repeat,
+                    dense_repeat,
                     python,
                     no_python,
                     script,
@@ -437,6 +445,7 @@ fn run(cli: Cli) -> Result<()> {
                 patch_batch: batch,
                 dense_batch,
                 repeat: repeat.max(1),
+                dense_repeat: dense_repeat.unwrap_or(repeat.max(DENSE_MIN_REPEAT)).max(1),
                 python: (!no_python).then(|| python.unwrap_or_else(hsiedge::config::python)),
                 script,
                 only,

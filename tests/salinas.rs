@@ -155,7 +155,7 @@ fn bench_classify_reports_the_parts_of_end_to_end_time() {
         model.to_str().unwrap(),
         "--only",
         "dense",
-        "--repeat",
+        "--dense-repeat",
         "3",
         "--threads",
         "2",
@@ -173,6 +173,8 @@ fn bench_classify_reports_the_parts_of_end_to_end_time() {
         secs("write_s"),
     );
     assert_eq!(d["batches"], 4, "{d}");
+    assert_eq!(r["dense_repeat"], 3, "{r}");
+    assert_eq!(d["end_to_end_samples_s"].as_array().map(Vec::len), Some(3), "{d}");
     assert!(inf > 0.0 && tiling > 0.0 && write > 0.0 && wait >= 0.0, "{d}");
     assert!(tiling < e2e && write < e2e && wait < e2e, "{d}");
     // Each repetition's end to end is paired with the pure inference timed right after it.

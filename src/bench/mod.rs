@@ -109,8 +109,10 @@ pub struct ClassifyBench {
     pub model: String,
     /// Pixels in the scene.
     pub pixels: usize,
-    /// Repetitions per measurement.
+    /// Repetitions per patch-mode measurement.
     pub repeat: usize,
+    /// Repetitions per dense-mode measurement.
+    pub dense_repeat: usize,
     /// Intra-op threads.
     pub threads: usize,
     /// Patch mode, unless skipped.
@@ -143,8 +145,11 @@ pub struct ClassifyBenchOptions {
     pub patch_batch: usize,
     /// Dense tiles per batch.
     pub dense_batch: usize,
-    /// Repetitions.
+    /// Repetitions of patch mode.
     pub repeat: usize,
+    /// Repetitions of dense mode: a dense run takes milliseconds, so many more cost little and
+    /// steady the median against a noisy machine.
+    pub dense_repeat: usize,
     /// Python interpreter for the baseline, `None` to skip it.
     pub python: Option<String>,
     /// The baseline script (`benches/ort_patch_loop.py` in the source tree).
@@ -319,7 +324,13 @@ pub fn quartiles(v: &[f64]) -> [f64; 2] {
 /// Times `mode`: each repetition runs end to end, then the same batches' pure inference, then the
 /// tiling alone (and the Python loop, when given), so every ratio compares samples taken under
 /// the same machine conditions, not two blocks of runs minutes apart on a drifting shared machine.
-fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize, python: Option<&str>) -> Result<Timed, BenchError> {
+fn time_mode(
+    opts: &ClassifyBenchOptions,
+    mode: Mode,
+    batch: usize,
+    repeat: usize,
+    python: Option<&str>,
+) -> Result<Timed, BenchError> {
     let tmp = tempfile::tempdir().map_err(BenchError::Temp)?;
     let spec = JobSpec {
         mode: ModeChoice::Fixed(mode),
@@ -341,7 +352,7 @@ fn time_mode(opts: &ClassifyBenchOptions, mode: Mode, batch: usize, python: Opti
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut reps = Vec::new();
     let mut batches = 0;
-    for _ in 0..opts.repeat {
+    for _ in 0..repeat {
         let t = Instant::now();
         let (maps, stats) = job.infer(&mut |_| {})?;
         let w = Instant::now();
@@ -423,7 +434,7 @@ pub fn classify(opts: &ClassifyBenchOptions) -> Result<ClassifyBench, BenchError
     let (patch, python) = if opts.only == Some(Mode::Dense) {
         (None, None)
     } else {
-        let t = time_mode(opts, Mode::Patch, opts.patch_batch, opts.python.as_deref())?;
+        let t = time_mode(opts, Mode::Patch, opts.patch_batch, opts.repeat, opts.python.as_deref())?;
         pixels = t.pixels;
         has_dense = Some(t.has_dense);
         let python = t.python.map(|(baseline, (ratio, q))| {
@@ -435,7 +446,7 @@ pub fn classify(opts: &ClassifyBenchOptions) -> Result<ClassifyBench, BenchError
         (Some(patch), python)
     };
     let dense = if opts.only != Some(Mode::Patch) && has_dense != Some(false) {
-        let t = time_mode(opts, Mode::Dense, opts.dense_batch, None)?;
+        let t = time_mode(opts, Mode::Dense, opts.dense_batch, opts.dense_repeat, None)?;
         pixels = t.pixels;
         Some(t.result)
     } else {
@@ -447,6 +458,7 @@ pub fn classify(opts: &ClassifyBenchOptions) -> Result<ClassifyBench, BenchError
         model: opts.spec.manifest.display().to_string(),
         pixels,
         repeat: opts.repeat,
+        dense_repeat: opts.dense_repeat,
         threads: opts.spec.engine.threads,
         dense_over_patch: ratio(
             dense.as_ref().map(|d| d.pixels_per_s),
@@ -467,11 +479,12 @@ impl std::fmt::Display for ClassifyBench {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "scene {} ({} pixels), model {}, {} repeats, threads {}",
+            "scene {} ({} pixels), model {}, {} repeats (dense {}), threads {}",
             self.scene.display(),
             self.pixels,
             self.model,
             self.repeat,
+            self.dense_repeat,
             self.threads
         )?;
         writeln!(
