@@ -88,10 +88,14 @@ def main():
         return spent, time.perf_counter() - t
 
     if a.serve:
-        print(json.dumps({"onnxruntime": ort.__version__}), flush=True)
+        # The protocol keeps the real stdout to itself; anything else printing to stdout (a
+        # library's warning) goes to stderr instead of into the replies.
+        replies = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+        print(json.dumps({"onnxruntime": ort.__version__}), file=replies, flush=True)
         for _ in sys.stdin:
             run, gather = rep()
-            print(json.dumps({"run_loop_s": run, "with_gather_s": gather}), flush=True)
+            print(json.dumps({"run_loop_s": run, "with_gather_s": gather}), file=replies, flush=True)
         return
     runs, gathers = zip(*(rep() for _ in range(a.repeat)))
     med = lambda v: sorted(v)[len(v) // 2]

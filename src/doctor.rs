@@ -524,7 +524,7 @@ fn check_ort(opts: &DoctorOptions, checks: &mut Vec<Check>) -> Option<OrtFound> 
             }
             Err(e) => {
                 status = Status::Fail;
-                details.push(format!("cannot load: {e}"));
+                details.push(format!("cannot load: {}", crate::engine::error_chain(&e)));
             }
         }
     }

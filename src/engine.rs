@@ -100,6 +100,29 @@ pub enum EngineError {
     },
 }
 
+/// The message of the innermost cause of `e`, when it has one: libloading keeps `dlerror`'s text
+/// (a missing dependency, another architecture, not an ELF file) as the source of an error whose
+/// own message is only "dlopen failed", and `ort` does not pass that source on.
+fn innermost_message(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cause = e.source()?;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    Some(cause.to_string())
+}
+
+/// `e` and each of its causes, joined by `: ` (what the binary prints for an error).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
+}
+
 /// Where the library was found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -415,8 +438,8 @@ impl Runtime {
             });
         }
         let builder = ort::init_from(&location.path).map_err(|source| EngineError::Open {
-            loader: match source {
-                ort::LoadDynamicError::Dlopen { .. } => crate::ffi::dlopen_error(&location.path),
+            loader: match &source {
+                ort::LoadDynamicError::Dlopen { error, .. } => innermost_message(error),
                 _ => None,
             },
             path: location.path.clone(),

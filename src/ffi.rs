@@ -1,5 +1,5 @@
 //! The crate's only `unsafe` boundary: read-only file mappings, the C allocator's tunables, thread
-//! priority, the dynamic loader's reason for refusing a library, and the one ONNX Runtime call the `ort` crate does not wrap (registering a CPU arena
+//! priority, and the one ONNX Runtime call the `ort` crate does not wrap (registering a CPU arena
 //! that grows by what is asked, not by powers of two).
 //!
 //! ONNX Runtime is otherwise reached through the `ort` crate, whose safe API releases its handles in
@@ -86,31 +86,6 @@ pub fn idle_thread_policy() -> std::io::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Why the dynamic loader refuses to open `path` (its `dlerror` text: a missing dependency, a
-/// library built for another architecture, not an ELF file), or `None` when it opens.
-///
-/// The `ort` crate reports only that `dlopen` failed; this asks the loader again for its words. It
-/// is called only after a load has failed, so a library that does open here is closed at once.
-pub fn dlopen_error(path: &std::path::Path) -> Option<String> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
-    // SAFETY: `c` is a NUL-terminated path that outlives the call; dlerror's string is read before
-    // any other loader call on this thread can replace it, and a handle that opens is closed once.
-    unsafe {
-        let _ = libc::dlerror();
-        let handle = libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL);
-        if !handle.is_null() {
-            libc::dlclose(handle);
-            return None;
-        }
-        let text = libc::dlerror();
-        if text.is_null() {
-            return Some("dlopen failed without a message".into());
-        }
-        Some(std::ffi::CStr::from_ptr(text).to_string_lossy().into_owned())
-    }
 }
 
 /// An ONNX Runtime call that returned an error status.

@@ -489,6 +489,22 @@ fn a_runtime_library_that_is_not_one_names_it_and_the_loader_s_reason() {
         !err.contains("panicked") && !dir.path().join("o/class_map.img").exists(),
         "{err}"
     );
+    // `doctor` reports the same chain, not only its first line.
+    let out = run(&["doctor", "--ort-lib", lib.to_str().unwrap()]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.contains("cannot load:"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        line.to_lowercase().contains("elf") || line.contains("too short"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -697,4 +713,36 @@ fn a_rerun_replaces_the_whole_set_and_leaves_nothing_hidden() {
         ],
         "no temporaries or replaced-file links left"
     );
+}
+
+#[test]
+fn a_python_baseline_that_dies_mid_benchmark_is_reported_with_its_status_and_stderr() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    // Says it is ready, then dies on the first repetition it is asked for.
+    let script = dir.path().join("dies.py");
+    std::fs::write(
+        &script,
+        "import json, sys\nprint(json.dumps({'onnxruntime': 'test'}), flush=True)\nsys.stdin.readline()\n\
+         sys.stderr.write('baseline fell over\\n')\nsys.exit(3)\n",
+    )
+    .unwrap();
+    let err = fails(&[
+        "bench",
+        "classify",
+        scene.to_str().unwrap(),
+        "--model",
+        tiny().to_str().unwrap(),
+        "--only",
+        "patch",
+        "--repeat",
+        "2",
+        "--python",
+        "python3",
+        "--script",
+        script.to_str().unwrap(),
+    ]);
+    assert!(err.contains("python baseline") && err.contains("dies.py"), "{err}");
+    assert!(err.contains("exit status: 3") && err.contains("baseline fell over"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
 }

@@ -249,28 +249,38 @@ impl PythonLoop {
         Ok(me)
     }
 
-    /// One line of JSON from the child; its stderr when it has exited instead.
+    /// One line of JSON from the child; how it ended and its stderr when it has exited instead.
     fn read<T: serde::de::DeserializeOwned>(&mut self) -> Result<T, BenchError> {
-        use std::io::{BufRead, Read, Seek};
+        use std::io::BufRead;
         let mut line = String::new();
         let n = self.stdout.read_line(&mut line).map_err(|e| self.err(e.to_string()))?;
         if n == 0 {
-            let _ = self.child.wait();
-            let mut stderr = String::new();
-            if self.stderr.seek(std::io::SeekFrom::Start(0)).is_ok() {
-                let _ = self.stderr.read_to_string(&mut stderr);
-            }
-            return Err(self.err(format!("exited early: {}", stderr.trim())));
+            return Err(self.exited());
         }
         serde_json::from_str(&line).map_err(|e| self.err(format!("{e}: {}", line.trim())))
+    }
+
+    /// The error for a child that has gone: its exit status and what it wrote to stderr.
+    fn exited(&mut self) -> BenchError {
+        use std::io::{Read, Seek};
+        let status = match self.child.wait() {
+            Ok(s) => s.to_string(),
+            Err(e) => format!("status unknown ({e})"),
+        };
+        let mut stderr = String::new();
+        if self.stderr.seek(std::io::SeekFrom::Start(0)).is_ok() {
+            let _ = self.stderr.read_to_string(&mut stderr);
+        }
+        self.err(format!("exited early ({status}): {}", stderr.trim()))
     }
 
     /// One repetition: the bare run loop and the loop with the window copy.
     fn rep(&mut self) -> Result<PythonRep, BenchError> {
         use std::io::Write;
-        writeln!(self.stdin, "run")
-            .and_then(|()| self.stdin.flush())
-            .map_err(|e| self.err(e.to_string()))?;
+        if writeln!(self.stdin, "run").and_then(|()| self.stdin.flush()).is_err() {
+            // A closed pipe: the child has gone, and why is in its status and stderr.
+            return Err(self.exited());
+        }
         self.read()
     }
 
