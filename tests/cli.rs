@@ -743,6 +743,9 @@ fn a_python_baseline_that_dies_mid_benchmark_is_reported_with_its_status_and_std
         script.to_str().unwrap(),
     ]);
     assert!(err.contains("python baseline") && err.contains("dies.py"), "{err}");
-    assert!(err.contains("exit status: 3") && err.contains("baseline fell over"), "{err}");
+    assert!(
+        err.contains("exit status: 3") && err.contains("baseline fell over"),
+        "{err}"
+    );
     assert!(!err.contains("panicked"), "{err}");
 }
