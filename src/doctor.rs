@@ -600,9 +600,7 @@ fn locate_ort(opts: &DoctorOptions) -> Result<Located, Check> {
         }
         tried.push(dir);
     }
-    let mut packages: Vec<PathBuf> = opts.python_package.iter().cloned().collect();
-    packages.extend(python_site_dirs(opts).into_iter().map(|d| d.join("onnxruntime")));
-    for pkg in packages {
+    for pkg in engine::python_packages(opts.python_package.clone(), |p| opts.at(p)) {
         let capi = pkg.join("capi");
         if let Some(p) = lib_in(&opts.at(&capi)).and_then(|p| p.file_name().map(|n| capi.join(n))) {
             return Ok((Some((p, LibSource::Python, Some(pkg))), tried));

@@ -178,20 +178,14 @@ pub fn find_library(explicit: Option<&Path>) -> Result<LibLocation, EngineError>
     }
     // The interpreter's own package first, then the usual install folders: a service's
     // environment may not have on its PATH the Python that installed the package.
-    let mut packages: Vec<PathBuf> = Vec::new();
-    match python_onnxruntime_dir() {
-        Some(dir) => packages.push(dir),
-        None => tried.push(PathBuf::from(format!(
+    let interpreter = python_onnxruntime_dir();
+    if interpreter.is_none() {
+        tried.push(PathBuf::from(format!(
             "python onnxruntime package ({} -c 'import onnxruntime')",
             config::python()
-        ))),
+        )));
     }
-    packages.extend(
-        python_site_dirs(Path::to_path_buf)
-            .into_iter()
-            .map(|d| d.join("onnxruntime")),
-    );
-    for pkg in packages {
+    for pkg in python_packages(interpreter, Path::to_path_buf) {
         let capi = pkg.join("capi");
         if let Some(p) = lib_in(&capi) {
             return Ok(LibLocation {
@@ -300,6 +294,14 @@ pub fn python_site_dirs(at: impl Fn(&Path) -> PathBuf) -> Vec<PathBuf> {
         }
     }
     out
+}
+
+/// The `onnxruntime` package folders searched, in order: `interpreter`'s (what the configured
+/// Python reports), then one in each of [`python_site_dirs`] (`at` as there).
+pub fn python_packages(interpreter: Option<PathBuf>, at: impl Fn(&Path) -> PathBuf) -> Vec<PathBuf> {
+    let mut packages: Vec<PathBuf> = interpreter.into_iter().collect();
+    packages.extend(python_site_dirs(at).into_iter().map(|d| d.join("onnxruntime")));
+    packages
 }
 
 /// Asks the configured Python (`HSIEDGE_PYTHON`, else `python3`) where its `onnxruntime` package lives.

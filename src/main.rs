@@ -304,9 +304,6 @@ enum BenchCommand {
     },
 }
 
-/// The fewest dense repetitions `bench classify` runs unless `--dense-repeat` says otherwise.
-const DENSE_MIN_REPEAT: usize = 51;
-
 fn main() -> std::process::ExitCode {
     hsiedge::ffi::pin_allocator_thresholds();
     let cli = Cli::parse();
@@ -445,7 +442,7 @@ fn run(cli: Cli) -> Result<()> {
                 patch_batch: batch,
                 dense_batch,
                 repeat: repeat.max(1),
-                dense_repeat: dense_repeat.unwrap_or(repeat.max(DENSE_MIN_REPEAT)).max(1),
+                dense_repeat,
                 python: (!no_python).then(|| python.unwrap_or_else(hsiedge::config::python)),
                 script,
                 only,

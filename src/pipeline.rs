@@ -468,6 +468,11 @@ impl Drop for CloseOnDrop<'_> {
     }
 }
 
+/// The batch buffers a run over `cube` at `opts.batch` may hold at once.
+pub fn buffer_limit(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> usize {
+    run_buffers(cube, manifest, opts).0
+}
+
 /// The buffers a run over `cube` at `opts.batch` may hold, and the values in one of them.
 fn run_buffers(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> (usize, usize) {
     let grid = grid_for(cube, manifest, opts);

@@ -136,6 +136,10 @@ pub struct ClassifyBench {
     pub peak_rss_bytes: u64,
 }
 
+/// The fewest dense repetitions `bench classify` runs unless told a number: a dense run takes
+/// milliseconds, so many more cost little and steady the median against a noisy machine.
+pub const DENSE_MIN_REPEAT: usize = 51;
+
 /// Settings of `bench classify`.
 #[derive(Debug, Clone)]
 pub struct ClassifyBenchOptions {
@@ -147,9 +151,8 @@ pub struct ClassifyBenchOptions {
     pub dense_batch: usize,
     /// Repetitions of patch mode.
     pub repeat: usize,
-    /// Repetitions of dense mode: a dense run takes milliseconds, so many more cost little and
-    /// steady the median against a noisy machine.
-    pub dense_repeat: usize,
+    /// Repetitions of dense mode; `None`: `repeat`, and at least [`DENSE_MIN_REPEAT`].
+    pub dense_repeat: Option<usize>,
     /// Python interpreter for the baseline, `None` to skip it.
     pub python: Option<String>,
     /// The baseline script (`benches/ort_patch_loop.py` in the source tree).
@@ -168,8 +171,7 @@ fn each_batch(
     pool: &pipeline::BufferPool,
     mut f: impl FnMut(&Batch) -> bool,
 ) {
-    let units = pipeline::units(cube, manifest, run);
-    pool.reopen(pipeline::BufferPool::run_limit(run.queue, units, run.batch));
+    pool.reopen(pipeline::buffer_limit(cube, manifest, run));
     let target = std::sync::atomic::AtomicUsize::new(run.batch);
     pipeline::produce_with(cube, manifest, run, &target, Some(pool), |b: Batch| {
         let go = f(&b);
@@ -309,14 +311,10 @@ struct Timed {
     has_dense: bool,
 }
 
-/// The ratios `a[i] / b[i]` of paired samples.
-fn ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
-    a.iter().zip(b).map(|(a, b)| a / b.max(1e-12)).collect()
-}
-
-/// The median of the ratios `a[i] / b[i]` of paired samples.
-fn median_ratio(a: &[f64], b: &[f64]) -> f64 {
-    median(&ratios(a, b))
+/// The median and quartiles of the ratios `a[i] / b[i]` of paired samples.
+fn ratio_summary(a: &[f64], b: &[f64]) -> (f64, [f64; 2]) {
+    let r: Vec<f64> = a.iter().zip(b).map(|(a, b)| a / b.max(1e-12)).collect();
+    (median(&r), quartiles(&r))
 }
 
 /// The lower and upper quartiles of `v` (nearest rank); zeros for an empty slice.
@@ -398,6 +396,7 @@ fn time_mode(
         }
     }
     let pixels = stats.pixels;
+    let (e2e_over_inference, e2e_over_inference_quartiles) = ratio_summary(&e2e, &inf);
     let result = ModeResult {
         mode,
         batch,
@@ -409,16 +408,15 @@ fn time_mode(
         wait_s: median(&waits),
         write_s: median(&writes),
         pixels_per_s: pixels as f64 / median(&e2e).max(1e-12),
-        e2e_over_inference: median_ratio(&e2e, &inf),
-        e2e_over_inference_quartiles: quartiles(&ratios(&e2e, &inf)),
+        e2e_over_inference,
+        e2e_over_inference_quartiles,
         end_to_end_samples_s: e2e,
         inference_samples_s: inf,
     };
     let python = python.map(|py| {
         let run: Vec<f64> = reps.iter().map(|r| r.run_loop_s).collect();
         let gather: Vec<f64> = reps.iter().map(|r| r.with_gather_s).collect();
-        let per_rep = ratios(&result.end_to_end_samples_s, &run);
-        let ratio = (median(&per_rep), quartiles(&per_rep));
+        let ratio = ratio_summary(&result.end_to_end_samples_s, &run);
         let baseline = PythonBaseline {
             run_loop_s: median(&run),
             with_gather_s: median(&gather),
@@ -437,6 +435,7 @@ fn time_mode(
 
 /// Runs `bench classify`.
 pub fn classify(opts: &ClassifyBenchOptions) -> Result<ClassifyBench, BenchError> {
+    let dense_repeat = opts.dense_repeat.unwrap_or(opts.repeat.max(DENSE_MIN_REPEAT)).max(1);
     let mut pixels = 0;
     let mut has_dense = None;
     let mut patch_over_python_loop = None;
@@ -456,7 +455,7 @@ pub fn classify(opts: &ClassifyBenchOptions) -> Result<ClassifyBench, BenchError
         (Some(patch), python)
     };
     let dense = if opts.only != Some(Mode::Patch) && has_dense != Some(false) {
-        let t = time_mode(opts, Mode::Dense, opts.dense_batch, opts.dense_repeat, None)?;
+        let t = time_mode(opts, Mode::Dense, opts.dense_batch, dense_repeat, None)?;
         pixels = t.pixels;
         Some(t.result)
     } else {
@@ -468,7 +467,7 @@ pub fn classify(opts: &ClassifyBenchOptions) -> Result<ClassifyBench, BenchError
         model: opts.spec.manifest.display().to_string(),
         pixels,
         repeat: opts.repeat,
-        dense_repeat: opts.dense_repeat,
+        dense_repeat,
         threads: opts.spec.engine.threads,
         dense_over_patch: ratio(
             dense.as_ref().map(|d| d.pixels_per_s),
@@ -561,8 +560,8 @@ mod tests {
         assert_eq!(quartiles(&v), [3.0, 7.0]);
         assert_eq!(quartiles(&[2.0]), [2.0, 2.0]);
         assert_eq!(quartiles(&[]), [0.0, 0.0]);
+        // Ratios 2.0, 1.5, 2.0.
         let (a, b) = ([2.0, 3.0, 8.0], [1.0, 2.0, 4.0]);
-        assert_eq!(ratios(&a, &b), vec![2.0, 1.5, 2.0]);
-        assert_eq!(median_ratio(&a, &b), 2.0);
+        assert_eq!(ratio_summary(&a, &b), (2.0, [1.5, 2.0]));
     }
 }
