@@ -443,20 +443,25 @@ fn no_library_anywhere_says_what_to_install() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
-#[test]
-fn missing_runtime_library_says_what_to_install() {
-    let dir = tempfile::tempdir().unwrap();
-    let scene = tiny_cube(dir.path());
-    let err = fails(&[
+/// The failing `classify` of the tiny scene into `dir/o` with `--ort-lib lib`: its stderr.
+fn classify_with_lib(dir: &Path, lib: &Path) -> String {
+    let scene = tiny_cube(dir);
+    fails(&[
         "classify",
         scene.to_str().unwrap(),
         "--model",
         tiny().to_str().unwrap(),
         "--out",
-        dir.path().join("o").to_str().unwrap(),
+        dir.join("o").to_str().unwrap(),
         "--ort-lib",
-        "/nonexistent/libonnxruntime.so",
-    ]);
+        lib.to_str().unwrap(),
+    ])
+}
+
+#[test]
+fn missing_runtime_library_says_what_to_install() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = classify_with_lib(dir.path(), Path::new("/nonexistent/libonnxruntime.so"));
     assert!(
         err.contains("--ort-lib") && err.contains("/nonexistent/libonnxruntime.so"),
         "{err}"
@@ -466,19 +471,9 @@ fn missing_runtime_library_says_what_to_install() {
 #[test]
 fn a_runtime_library_that_is_not_one_names_it_and_the_loader_s_reason() {
     let dir = tempfile::tempdir().unwrap();
-    let scene = tiny_cube(dir.path());
     let lib = dir.path().join("libonnxruntime.so");
     std::fs::write(&lib, b"not an ELF file").unwrap();
-    let err = fails(&[
-        "classify",
-        scene.to_str().unwrap(),
-        "--model",
-        tiny().to_str().unwrap(),
-        "--out",
-        dir.path().join("o").to_str().unwrap(),
-        "--ort-lib",
-        lib.to_str().unwrap(),
-    ]);
+    let err = classify_with_lib(dir.path(), &lib);
     // The whole chain: hsiedge's context, then the dynamic loader's own words.
     assert!(
         err.contains(&format!("{}: cannot load ONNX Runtime", lib.display())),

@@ -141,28 +141,33 @@ fn labels_flag_reports_accuracy_against_the_ground_truth() {
     assert!(s["accuracy"]["overall_accuracy"].as_f64().unwrap() > 0.95, "{s}");
 }
 
+/// `hsiedge bench classify` on Salinas-A with `model`, two threads, JSON out, plus `extra`.
+fn bench(scene: &Path, model: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "bench",
+        "classify",
+        scene.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--threads",
+        "2",
+        "--json",
+    ];
+    args.extend_from_slice(extra);
+    serde_json::from_str(&ok(&args)).expect("bench JSON")
+}
+
 #[test]
 fn bench_classify_reports_the_parts_of_end_to_end_time() {
     let (Some(data), Some(model)) = (data(), model("hybridsn_salinas_a")) else {
         return;
     };
     let scene = data.join("salinas_a/salinas_a.hdr");
-    let out = ok(&[
-        "bench",
-        "classify",
-        scene.to_str().unwrap(),
-        "--model",
-        model.to_str().unwrap(),
-        "--only",
-        "dense",
-        "--dense-repeat",
-        "3",
-        "--threads",
-        "2",
-        "--no-python",
-        "--json",
-    ]);
-    let r: serde_json::Value = serde_json::from_str(&out).expect("bench JSON");
+    let r = bench(
+        &scene,
+        &model,
+        &["--only", "dense", "--dense-repeat", "3", "--no-python"],
+    );
     let d = &r["dense"];
     let secs = |k: &str| d[k].as_f64().unwrap_or_else(|| panic!("dense.{k} missing: {d}"));
     let (e2e, inf, tiling, wait, write) = (
@@ -178,28 +183,37 @@ fn bench_classify_reports_the_parts_of_end_to_end_time() {
     assert!(inf > 0.0 && tiling > 0.0 && write > 0.0 && wait >= 0.0, "{d}");
     assert!(tiling < e2e && write < e2e && wait < e2e, "{d}");
     // Each repetition's end to end is paired with the pure inference timed right after it.
-    let ratio = r["dense_e2e_over_inference"].as_f64().unwrap();
-    let want = median_ratio(&d["end_to_end_samples_s"], &d["inference_samples_s"]);
-    // serde_json's default float parsing may be one ulp off the printed value.
-    assert!((ratio - want).abs() < 1e-12, "{ratio} vs {want}: {r}");
-    let q: Vec<f64> = d["e2e_over_inference_quartiles"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect();
-    assert!(q.len() == 2 && q[0] <= ratio + 1e-12 && ratio <= q[1] + 1e-12, "{r}");
+    assert_paired_ratio(
+        &r,
+        &r["dense_e2e_over_inference"],
+        &d["e2e_over_inference_quartiles"],
+        &d["end_to_end_samples_s"],
+        &d["inference_samples_s"],
+    );
     assert!(r["patch"].is_null() && r["python"].is_null(), "{r}");
 }
 
-/// The upper median of `a[i] / b[i]`, as the benchmark computes it.
-fn median_ratio(a: &serde_json::Value, b: &serde_json::Value) -> f64 {
-    let f = |v: &serde_json::Value| -> Vec<f64> { v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect() };
-    let (a, b) = (f(a), f(b));
+fn floats(v: &serde_json::Value) -> Vec<f64> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+}
+
+/// `ratio` is the upper median of `a[i] / b[i]`, as the benchmark computes it, and `quartiles`
+/// bracket it (within 1e-12: serde_json's default float parsing may be one ulp off the printed value).
+fn assert_paired_ratio(
+    r: &serde_json::Value,
+    ratio: &serde_json::Value,
+    quartiles: &serde_json::Value,
+    a: &serde_json::Value,
+    b: &serde_json::Value,
+) {
+    let (a, b) = (floats(a), floats(b));
     assert_eq!(a.len(), b.len());
-    let mut r: Vec<f64> = a.iter().zip(&b).map(|(a, b)| a / b).collect();
-    r.sort_by(f64::total_cmp);
-    r[r.len() / 2]
+    let mut per_rep: Vec<f64> = a.iter().zip(&b).map(|(a, b)| a / b).collect();
+    per_rep.sort_by(f64::total_cmp);
+    let (ratio, want) = (ratio.as_f64().unwrap(), per_rep[per_rep.len() / 2]);
+    assert!((ratio - want).abs() < 1e-12, "{ratio} vs {want}: {r}");
+    let q = floats(quartiles);
+    assert!(q.len() == 2 && q[0] <= ratio + 1e-12 && ratio <= q[1] + 1e-12, "{r}");
 }
 
 #[test]
@@ -208,43 +222,33 @@ fn bench_classify_pairs_each_repetition_with_one_of_the_python_loop() {
         return;
     };
     let scene = data.join("salinas_a/salinas_a.hdr");
-    let out = ok(&[
-        "bench",
-        "classify",
-        scene.to_str().unwrap(),
-        "--model",
-        model.to_str().unwrap(),
-        "--only",
-        "patch",
-        "--repeat",
-        "3",
-        "--threads",
-        "2",
-        "--python",
-        "python3",
-        "--script",
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("benches/ort_patch_loop.py")
-            .to_str()
-            .unwrap(),
-        "--json",
-    ]);
-    let r: serde_json::Value = serde_json::from_str(&out).expect("bench JSON");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/ort_patch_loop.py");
+    let r = bench(
+        &scene,
+        &model,
+        &[
+            "--only",
+            "patch",
+            "--repeat",
+            "3",
+            "--python",
+            "python3",
+            "--script",
+            script.to_str().unwrap(),
+        ],
+    );
     let (p, py) = (&r["patch"], &r["python"]);
     assert_eq!(p["end_to_end_samples_s"].as_array().map(Vec::len), Some(3), "{r}");
     assert_eq!(py["run_loop_samples_s"].as_array().map(Vec::len), Some(3), "{r}");
     assert!(py["onnxruntime"].as_str().is_some_and(|v| !v.is_empty()), "{r}");
     let run = py["run_loop_s"].as_f64().unwrap();
     assert!(run > 0.0 && py["with_gather_s"].as_f64().unwrap() > 0.0, "{r}");
-    let ratio = r["patch_over_python_loop"].as_f64().unwrap();
-    let want = median_ratio(&p["end_to_end_samples_s"], &py["run_loop_samples_s"]);
-    assert!((ratio - want).abs() < 1e-12, "{ratio} vs {want}: {r}");
-    let q: Vec<f64> = r["patch_over_python_loop_quartiles"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_f64().unwrap())
-        .collect();
-    assert!(q.len() == 2 && q[0] <= ratio + 1e-12 && ratio <= q[1] + 1e-12, "{r}");
+    assert_paired_ratio(
+        &r,
+        &r["patch_over_python_loop"],
+        &r["patch_over_python_loop_quartiles"],
+        &p["end_to_end_samples_s"],
+        &py["run_loop_samples_s"],
+    );
     assert!(r["dense"].is_null(), "{r}");
 }
