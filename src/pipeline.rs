@@ -207,17 +207,8 @@ pub fn produce_with(
     let p = manifest.patch;
     let (wh, ww) = (grid.window_h(), grid.window_w());
     let shape = WindowShape { bands, h: wh, w: ww };
-    let mut scratch: Vec<f32> = Vec::new();
-    let mut fill = |lines: &[usize], col: usize, out: &mut Vec<f32>| {
-        fill_window(
-            cube,
-            lines,
-            &grid.window_samples(col),
-            mean,
-            &inv_std,
-            &mut scratch,
-            out,
-        );
+    let fill = |lines: &[usize], col: usize, out: &mut Vec<f32>| {
+        fill_window(cube, lines, &grid.window_samples(col), mean, &inv_std, out);
     };
     let mut window: Vec<f32> = match opts.mode {
         Mode::Patch => Vec::with_capacity(bands * wh * ww),

@@ -136,23 +136,15 @@ impl TileGrid {
 ///
 /// `lines` and `cols` are the reflected scene line and sample of each window row and column
 /// ([`TileGrid::window_lines`], [`TileGrid::window_samples`]); band `b` is normalised as
-/// `(v - mean[b]) * inv_std[b]`. Each window row is decoded once into `scratch` (a few hundred
-/// values, so it stays in L1) and its runs of consecutive columns are copied out whole: the window,
-/// megabytes, is written once, and no decoded copy of the scene exists.
-pub fn fill_window(
-    cube: &Cube,
-    lines: &[usize],
-    cols: &[usize],
-    mean: &[f32],
-    inv_std: &[f32],
-    scratch: &mut Vec<f32>,
-    out: &mut Vec<f32>,
-) {
-    let (Some(&lo), Some(&hi)) = (cols.iter().min(), cols.iter().max()) else {
+/// `(v - mean[b]) * inv_std[b]`. Each row's runs of consecutive columns are decoded straight
+/// from the file into `out`: the window, megabytes, is written once, and no decoded copy of the
+/// scene exists.
+pub fn fill_window(cube: &Cube, lines: &[usize], cols: &[usize], mean: &[f32], inv_std: &[f32], out: &mut Vec<f32>) {
+    let Some(&lo) = cols.iter().min() else {
         return;
     };
     // Runs of consecutive source columns (the interior; reflected borders are runs of one), as
-    // (offset into the decoded span, length).
+    // (offset from the leftmost column, length).
     let mut runs: Vec<(usize, usize)> = Vec::new();
     for &x in cols {
         match runs.last_mut() {
@@ -160,22 +152,7 @@ pub fn fill_window(
             _ => runs.push((x - lo, 1)),
         }
     }
-    scratch.clear();
-    scratch.resize(hi - lo + 1, 0.0);
-    out.reserve(cube.bands() * lines.len() * cols.len());
-    for band in 0..cube.bands() {
-        let (m, s) = (mean[band], inv_std[band]);
-        for &y in lines {
-            cube.read_span(y, band, lo, m, s, scratch);
-            for &(at, len) in &runs {
-                if len == 1 {
-                    out.push(scratch[at]);
-                } else {
-                    out.extend_from_slice(&scratch[at..at + len]);
-                }
-            }
-        }
-    }
+    cube.append_runs(lines, lo, &runs, mean, inv_std, out);
 }
 
 /// The shape of an input window buffer: `bands x h x w`.
@@ -306,7 +283,7 @@ mod tests {
                 for col in 0..g.cols {
                     let (ls, cs) = (g.window_lines(row), g.window_samples(col));
                     let mut win = Vec::new();
-                    fill_window(&cube, &ls, &cs, &mean, &inv_std, &mut Vec::new(), &mut win);
+                    fill_window(&cube, &ls, &cs, &mean, &inv_std, &mut win);
                     assert_eq!(win.len(), bands * ls.len() * cs.len());
                     for b in 0..bands {
                         for (dy, &y) in ls.iter().enumerate() {
@@ -335,7 +312,7 @@ mod tests {
             for col in 0..g.cols {
                 let cols = g.window_samples(col);
                 let mut win = Vec::new();
-                fill_window(&cube, &ls, &cols, &mean, &inv_std, &mut Vec::new(), &mut win);
+                fill_window(&cube, &ls, &cols, &mean, &inv_std, &mut win);
                 assert_eq!(win.len(), bands * g.window_h() * g.window_w());
                 let rect = g.rect(row, col);
                 for i in 0..rect.h {

@@ -199,46 +199,89 @@ impl Cube {
         }
     }
 
-    /// Decodes samples `x0..x0 + out.len()` of band `band` on line `line` into `out`, each value
-    /// `v` as `(v - offset) * scale`.
+    /// Appends to `out`, band by band and within a band line by line (`lines`, top to bottom), the
+    /// samples `lo + at .. lo + at + len` of each run `(at, len)` in `runs`, each value `v` of band
+    /// `b` as `(v - offset[b]) * scale[b]`.
     ///
     /// This is the tiler's read path: a window is built straight from the mapped file, decoding
-    /// and normalising in one pass, so no decoded copy of the scene is kept. The indices are the
-    /// caller's invariants (derived from this header), checked with a debug assertion.
-    pub fn read_span(&self, line: usize, band: usize, x0: usize, offset: f32, scale: f32, out: &mut [f32]) {
+    /// and normalising in one pass, so no decoded copy of the scene is kept. The data type and byte
+    /// order are dispatched once per window, not per row: a window is ten thousand rows of a few
+    /// dozen samples. The indices are the caller's invariants (derived from this header), checked
+    /// with a debug assertion.
+    pub fn append_runs(
+        &self,
+        lines: &[usize],
+        lo: usize,
+        runs: &[(usize, usize)],
+        offset: &[f32],
+        scale: &[f32],
+        out: &mut Vec<f32>,
+    ) {
+        macro_rules! typed {
+            ($t:ty) => {
+                match self.header.byte_order {
+                    ByteOrder::Little => self.append_runs_as::<$t, false>(lines, lo, runs, offset, scale, out),
+                    ByteOrder::Big => self.append_runs_as::<$t, true>(lines, lo, runs, offset, scale, out),
+                }
+            };
+        }
+        match self.header.data_type {
+            DataType::U8 => typed!(u8),
+            DataType::I16 => typed!(i16),
+            DataType::U16 => typed!(u16),
+            DataType::I32 => typed!(i32),
+            DataType::F32 => typed!(f32),
+            DataType::F64 => typed!(f64),
+        }
+    }
+
+    fn append_runs_as<T: Sample, const BIG: bool>(
+        &self,
+        lines: &[usize],
+        lo: usize,
+        runs: &[(usize, usize)],
+        offset: &[f32],
+        scale: &[f32],
+        out: &mut Vec<f32>,
+    ) {
         let h = &self.header;
         let (s, b, l) = (h.samples, h.bands, h.lines);
-        debug_assert!(line < l && band < b && x0 + out.len() <= s);
-        let size = h.data_type.size();
+        debug_assert!(lines.iter().all(|&y| y < l) && runs.iter().all(|&(at, len)| lo + at + len <= s));
         let data = self.data();
-        let n = out.len();
-        match h.interleave {
-            Interleave::Bil | Interleave::Bsq => {
-                let row = match h.interleave {
-                    Interleave::Bil => line * b + band,
-                    _ => band * l + line,
-                };
-                let start = (row * s + x0) * size;
-                decode_scaled(
-                    &data[start..start + n * size],
-                    h.data_type,
-                    h.byte_order,
-                    offset,
-                    scale,
-                    out,
-                );
-            }
+        let width: usize = runs.iter().map(|r| r.1).sum();
+        out.reserve(b * lines.len() * width);
+        // File row of (line, band) is `line * per_line + band * per_band`: BIL and BSQ store each
+        // band of a line contiguously, so a window row is decoded straight from the file.
+        let (per_line, per_band) = match h.interleave {
+            Interleave::Bil => (b, 1),
+            Interleave::Bsq => (1, l),
             Interleave::Bip => {
-                for (dx, o) in out.iter_mut().enumerate() {
-                    let at = ((line * s + x0 + dx) * b + band) * size;
-                    decode_scaled(
-                        &data[at..at + size],
-                        h.data_type,
-                        h.byte_order,
-                        offset,
-                        scale,
-                        std::slice::from_mut(o),
-                    );
+                for band in 0..b {
+                    let (m, k) = (offset[band], scale[band]);
+                    for &y in lines {
+                        for &(at, len) in runs {
+                            out.extend((lo + at..lo + at + len).map(|x| {
+                                let from = ((y * s + x) * b + band) * T::SIZE;
+                                (T::decode::<BIG>(&data[from..from + T::SIZE]) - m) * k
+                            }));
+                        }
+                    }
+                }
+                return;
+            }
+        };
+        for band in 0..b {
+            let (m, k) = (offset[band], scale[band]);
+            for &y in lines {
+                let src = ((y * per_line + band * per_band) * s + lo) * T::SIZE;
+                for &(at, len) in runs {
+                    let from = src + at * T::SIZE;
+                    let bytes = &data[from..from + len * T::SIZE];
+                    if len == 1 {
+                        out.push((T::decode::<BIG>(bytes) - m) * k);
+                    } else {
+                        out.extend(bytes.chunks_exact(T::SIZE).map(|c| (T::decode::<BIG>(c) - m) * k));
+                    }
                 }
             }
         }
@@ -254,6 +297,39 @@ impl Cube {
         out
     }
 }
+
+/// An ENVI sample type, decoded from its bytes as `f32`.
+trait Sample {
+    /// Bytes per sample.
+    const SIZE: usize;
+    /// The sample in `c` (exactly `SIZE` bytes), big-endian when `BIG`.
+    fn decode<const BIG: bool>(c: &[u8]) -> f32;
+}
+
+macro_rules! sample {
+    ($t:ty) => {
+        impl Sample for $t {
+            const SIZE: usize = std::mem::size_of::<$t>();
+            #[inline(always)]
+            fn decode<const BIG: bool>(c: &[u8]) -> f32 {
+                let mut a = [0u8; std::mem::size_of::<$t>()];
+                a.copy_from_slice(c);
+                (if BIG {
+                    <$t>::from_be_bytes(a)
+                } else {
+                    <$t>::from_le_bytes(a)
+                }) as f32
+            }
+        }
+    };
+}
+
+sample!(u8);
+sample!(i16);
+sample!(u16);
+sample!(i32);
+sample!(f32);
+sample!(f64);
 
 /// Decodes `out.len()` consecutive samples of `dt` from `bytes`.
 pub fn decode(bytes: &[u8], dt: DataType, order: ByteOrder, out: &mut [f32]) {
@@ -370,6 +446,20 @@ mod tests {
                         vec![200., 201., 202., 203., 210., 211., 212., 213.],
                         "{il:?} {dt:?} {order:?}"
                     );
+                    // Window rows: lines 2, 0 and 1, samples 1 (reflected), 0..3, 2, normalised
+                    // per band.
+                    let mut win = Vec::new();
+                    let runs = [(1, 1), (0, 3), (2, 1)];
+                    cube.append_runs(&[2, 0, 1], 0, &runs, &[1.0, -2.0], &[0.5, 2.0], &mut win);
+                    let mut want = Vec::new();
+                    for (band, (m, k)) in [(1.0f32, 0.5f32), (-2.0, 2.0)].into_iter().enumerate() {
+                        for y in [2, 0, 1] {
+                            for x in [1, 0, 1, 2, 2] {
+                                want.push(((100 * y + 10 * band + x) as f32 - m) * k);
+                            }
+                        }
+                    }
+                    assert_eq!(win, want, "{il:?} {dt:?} {order:?}");
                 }
             }
         }
