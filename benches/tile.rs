@@ -1,5 +1,6 @@
 //! `cargo bench --bench tile [-- SCENE.hdr MANIFEST.json]`: the tiler's window fill, against a
-//! streaming decode of the same number of values measured in the same run.
+//! streaming decode of the same number of values, and its patch gather, against a one-piece copy
+//! of as many batches, each baseline measured in the same run.
 //!
 //! Each repetition fills every dense input window of the scene (reflected halo, normalised) from
 //! the mapped file, hot and then after the caches were flushed by writing 64 MiB elsewhere (as a
@@ -9,7 +10,7 @@
 
 use hsiedge::cube::Cube;
 use hsiedge::model::Manifest;
-use hsiedge::tile::{TileGrid, fill_window};
+use hsiedge::tile::{TileGrid, WindowShape, fill_window, gather_patch};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -77,6 +78,47 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         stream.push(t.elapsed().as_secs_f64());
     }
     std::hint::black_box((&out, &flush));
+    // Patch mode: every pixel's p x p patch gathered from its (hot) window into batches of 32,
+    // against copying the same number of values in one piece.
+    let p = manifest.patch;
+    let shape = WindowShape {
+        bands: cube.bands(),
+        h: grid.window_h(),
+        w: grid.window_w(),
+    };
+    let per_patch = cube.bands() * p * p;
+    let mut batch: Vec<f32> = Vec::with_capacity(32 * per_patch);
+    let big: Vec<f32> = vec![1.0; 32 * per_patch];
+    let (mut gather, mut copy) = (Vec::new(), Vec::new());
+    let mut patches: usize = 0;
+    for _ in 0..REPEAT.min(21) {
+        let t = Instant::now();
+        patches = 0;
+        for (w, row_col) in out
+            .iter()
+            .zip((0..grid.rows).flat_map(|r| (0..grid.cols).map(move |c| (r, c))))
+        {
+            let rect = grid.rect(row_col.0, row_col.1);
+            for i in 0..rect.h {
+                for j in 0..rect.w {
+                    if batch.len() == 32 * per_patch {
+                        std::hint::black_box(&batch);
+                        batch.clear();
+                    }
+                    gather_patch(w, shape, i, j, p, &mut batch);
+                    patches += 1;
+                }
+            }
+        }
+        gather.push(t.elapsed().as_secs_f64());
+        let t = Instant::now();
+        for _ in 0..patches.div_ceil(32) {
+            batch.clear();
+            batch.extend_from_slice(&big);
+            std::hint::black_box(&batch);
+        }
+        copy.push(t.elapsed().as_secs_f64());
+    }
     let filled = (windows.len() * per_window) as f64;
     let streamed = (cube.lines() * cube.bands() * cube.samples()) as f64;
     let (hot, cold, stream) = (median(hot), median(cold), median(stream));
@@ -108,6 +150,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "fill / streaming decode, per value: hot {:.2}x, cold {:.2}x",
         (hot / filled) / (stream / streamed),
         (cold / filled) / (stream / streamed)
+    );
+    let (gather, copy) = (median(gather), median(copy));
+    println!(
+        "patch gather ({patches} patches of {p} x {p}, batches of 32): {:8.3} ms; one-piece copy of as many batches (base): {:8.3} ms; ratio {:.2}x",
+        gather * 1e3,
+        copy * 1e3,
+        gather / copy
     );
     Ok(())
 }
