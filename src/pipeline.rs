@@ -534,6 +534,17 @@ pub struct Stitcher {
     kind: OutputKind,
     ids: Vec<u8>,
     grid: TileGrid,
+    /// One output row's per-pixel working values (see [`Stitcher::put_row`]).
+    row: RowScratch,
+}
+
+/// Per-pixel working values of one output row, kept so a run allocates them once.
+#[derive(Debug, Default)]
+struct RowScratch {
+    top: Vec<f32>,
+    best: Vec<u32>,
+    sum: Vec<f32>,
+    finite: Vec<bool>,
 }
 
 impl Stitcher {
@@ -561,6 +572,7 @@ impl Stitcher {
                 .map(|o| u8::try_from(o.id).unwrap_or(0))
                 .collect(),
             grid,
+            row: RowScratch::default(),
         }
     }
 
@@ -596,12 +608,81 @@ impl Stitcher {
             }
             let confidence = match self.kind {
                 OutputKind::Probabilities => top,
-                OutputKind::Logits => 1.0 / (0..k).map(|c| (scores(c) - top).exp()).sum::<f32>(),
+                OutputKind::Logits => 1.0 / (0..k).map(|c| exp_nonpositive(scores(c) - top)).sum::<f32>(),
             };
             self.maps.class_ids[at] = self.ids[best];
             self.maps.confidence[at] = confidence;
         } else if !finite {
             self.maps.nonfinite_pixels += 1;
+        }
+    }
+
+    /// Writes the `w` pixels of line `y` from sample `x0` on, class `c`'s scores for them being
+    /// the first `w` values of `row(c)`: the same result as [`Stitcher::put`] for each pixel, with
+    /// every step a loop over the row's pixels (a dense tile's output holds each class's scores
+    /// of a row contiguously), so it vectorises, where pixel by pixel each class is a strided
+    /// read and each exponential a call.
+    pub fn put_row<'o>(&mut self, y: usize, x0: usize, w: usize, row: impl Fn(usize) -> &'o [f32]) {
+        let n = self.grid.lines * self.grid.samples;
+        let at = y * self.grid.samples + x0;
+        let k = self.maps.channels;
+        for c in &mut self.written[at..at + w] {
+            *c = c.saturating_add(1);
+        }
+        let RowScratch { top, best, sum, finite } = &mut self.row;
+        finite.clear();
+        finite.resize(w, true);
+        for c in 0..k {
+            for (f, v) in finite.iter_mut().zip(&row(c)[..w]) {
+                *f &= v.is_finite();
+            }
+        }
+        if let Some(all) = &mut self.maps.scores {
+            for c in 0..k {
+                all[c * n + at..c * n + at + w].copy_from_slice(&row(c)[..w]);
+            }
+        }
+        if self.task != Task::Classification {
+            self.maps.nonfinite_pixels += finite.iter().filter(|f| !**f).count();
+            return;
+        }
+        top.clear();
+        top.extend_from_slice(&row(0)[..w]);
+        best.clear();
+        best.resize(w, 0);
+        for c in 1..k {
+            for ((t, b), &v) in top.iter_mut().zip(best.iter_mut()).zip(&row(c)[..w]) {
+                if v > *t {
+                    *t = v;
+                    *b = c as u32;
+                }
+            }
+        }
+        if self.kind == OutputKind::Logits {
+            sum.clear();
+            sum.resize(w, 0.0);
+            for c in 0..k {
+                for ((s, &t), &v) in sum.iter_mut().zip(top.iter()).zip(&row(c)[..w]) {
+                    *s += exp_nonpositive(v - t);
+                }
+            }
+            for (t, &s) in top.iter_mut().zip(sum.iter()) {
+                *t = 1.0 / s;
+            }
+        }
+        let ids = &self.ids;
+        let classes = &mut self.maps.class_ids[at..at + w];
+        let confidence = &mut self.maps.confidence[at..at + w];
+        for j in 0..w {
+            if finite[j] {
+                classes[j] = ids[best[j] as usize];
+                confidence[j] = top[j];
+            } else {
+                // No class can be read from it; a class id here would look like a prediction.
+                classes[j] = 0;
+                confidence[j] = f32::NAN;
+                self.maps.nonfinite_pixels += 1;
+            }
         }
     }
 
@@ -640,9 +721,10 @@ impl Stitcher {
             }
             for (t, rect) in batch.tiles[range].iter().enumerate() {
                 for i in 0..rect.h {
-                    for j in 0..rect.w {
-                        self.put(rect.y0 + i, rect.x0 + j, |c| out[((t * k + c) * th + i) * tw + j]);
-                    }
+                    self.put_row(rect.y0 + i, rect.x0, rect.w, |c| {
+                        let first = ((t * k + c) * th + i) * tw;
+                        &out[first..first + tw]
+                    });
                 }
             }
         } else {
@@ -671,6 +753,28 @@ impl Stitcher {
         }
         Ok(self.maps)
     }
+}
+
+/// `e^x` for `x <= 0` (a logit less the row's largest), within 2 ulp of `f32::exp` down to
+/// `x = -87`; below, `e^-87` (1.6e-38), which no sum of a softmax that includes `e^0` can see.
+///
+/// Written out (Cephes' `expf`: `x = n ln 2 + r`, a degree-6 polynomial in `r`, `2^n` built in the
+/// exponent bits) so a loop over a row of pixels vectorises; `f32::exp` is a call per value.
+#[inline(always)]
+fn exp_nonpositive(x: f32) -> f32 {
+    // Rounds to nearest through the float format: adding 1.5 * 2^23 leaves no fraction bits.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.0, 0.0);
+    let n = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
+    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let mut p = 1.987_569_1e-4_f32;
+    p = p * r + 1.398_199_9e-3;
+    p = p * r + 8.333_452e-3;
+    p = p * r + 4.166_579_6e-2;
+    p = p * r + 1.666_666_5e-1;
+    p = p * r + 0.5;
+    let e = p * r * r + r + 1.0;
+    e * f32::from_bits((((n as i32) + 127) as u32) << 23)
 }
 
 /// Runs `graph` over `cube`: the producer thread fills a queue of `opts.queue` batches while this
@@ -953,6 +1057,65 @@ mod tests {
         assert_eq!(maps.class_ids, vec![0, 0]);
         assert!(maps.confidence.iter().all(|c| c.is_nan()));
         assert_eq!(maps.nonfinite_pixels, 2);
+    }
+
+    #[test]
+    fn exp_nonpositive_is_within_two_ulp_of_exp() {
+        let mut x = 0.0f32;
+        while x > -87.0 {
+            let (got, want) = (exp_nonpositive(x), x.exp());
+            assert!(
+                (got - want).abs() <= 2.0 * f32::EPSILON * want,
+                "e^{x}: {got} vs {want}"
+            );
+            x -= 0.001_37;
+        }
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        assert!(exp_nonpositive(f32::NEG_INFINITY) < 1e-37);
+        assert!(exp_nonpositive(-1e30) >= 0.0);
+    }
+
+    #[test]
+    fn rows_stitch_as_pixels_do() {
+        let classify = manifest();
+        let mut unmix = classify.clone();
+        unmix.task = Task::Abundance;
+        for m in [classify, unmix] {
+            rows_stitch_as_pixels_do_for(&m);
+        }
+    }
+
+    fn rows_stitch_as_pixels_do_for(m: &Manifest) {
+        let k = m.classes();
+        let grid = TileGrid::new(1, 5, 8, 1);
+        let value = |c: usize, j: usize| match (c, j) {
+            (_, 3) => f32::NAN,
+            (1, 4) => f32::INFINITY,
+            _ => (c as f32 * 1.7 - j as f32).sin() * 30.0,
+        };
+        let rows: Vec<Vec<f32>> = (0..k).map(|c| (0..5).map(|j| value(c, j)).collect()).collect();
+        for keep in [false, true] {
+            let mut by_row = Stitcher::new(m, grid, keep);
+            by_row.put_row(0, 0, 5, |c| &rows[c]);
+            let mut by_pixel = Stitcher::new(m, grid, keep);
+            for j in 0..5 {
+                by_pixel.put(0, j, |c| value(c, j));
+            }
+            let (a, b) = (by_row.finish().unwrap(), by_pixel.finish().unwrap());
+            assert_eq!(a.class_ids, b.class_ids);
+            assert_eq!(a.nonfinite_pixels, 2);
+            assert_eq!(a.nonfinite_pixels, b.nonfinite_pixels);
+            for (x, y) in a.confidence.iter().zip(&b.confidence) {
+                assert!(x == y || (x.is_nan() && y.is_nan()), "{x} vs {y}");
+            }
+            assert_eq!(a.scores.is_some(), keep || m.task == Task::Abundance);
+            if let (Some(x), Some(y)) = (a.scores, b.scores) {
+                assert_eq!(
+                    x.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                );
+            }
+        }
     }
 
     #[test]
