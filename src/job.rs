@@ -413,11 +413,14 @@ impl Job {
         };
         let shape = self.map_shape();
         let (out, manifest, scene) = (&self.spec.out, &self.manifest, self.cube.header());
-        // The headers depend only on the run's shape, so they are staged and synced while it runs.
+        // The headers depend only on the run's shape, so they are staged and synced while it runs,
+        // and the data files made, so after the last batch they are only written.
         let (result, staged) = std::thread::scope(|scope| {
             let headers = scope.spawn(move || -> Result<Staged, MapError> {
                 let mut staged = Staged::new(out)?;
                 crate::map::stage_headers(&mut staged, shape, manifest, scene)?;
+                crate::map::reserve_maps(&mut staged, shape, manifest)?;
+                staged.reserve("summary.json")?;
                 Ok(staged)
             });
             let result = pipeline::run(
