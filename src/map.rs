@@ -36,11 +36,12 @@ pub enum MapError {
 /// Each file's sync to disk starts as soon as it is staged, on its own thread, so the syncs overlap
 /// each other and whatever is staged after them. A file can be [reserved](Staged::reserve) before
 /// its bytes exist: its temporary file (and the link to the file it replaces) is made then, so a
-/// job reserves its maps while the run is in flight and, after the last batch, only writes them:
-/// making a file on ext4 waits on the journal, which the first sync keeps busy. A file that replaces one already in the folder
-/// first gets a hidden hard link to the old one: the rename then only swaps a directory entry, and
-/// freeing the old file's blocks (a quarter of a millisecond per file on ext4, longer than the
-/// rename) is left to [`Retired`], off the path of the write. A crash can leave hidden
+/// job reserves its maps while the run is in flight and, after the last batch, only writes them
+/// (making a file on ext4 waits on the journal, which the first sync keeps busy). A file that
+/// replaces one already in the folder first gets a hidden hard link to the old one: the rename
+/// then only swaps a directory entry, and freeing the old file's blocks (a quarter of a
+/// millisecond per file on ext4, longer than the rename) is left to [`Retired`], off the path of
+/// the write. A crash can leave hidden
 /// `.NAME.*.tmp` and `.NAME.*.replaced` files behind; they are never read and safe to delete.
 #[derive(Debug)]
 pub struct Staged {
