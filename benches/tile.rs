@@ -87,13 +87,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         w: grid.window_w(),
     };
     let per_patch = cube.bands() * p * p;
-    let mut batch: Vec<f32> = Vec::with_capacity(32 * per_patch);
+    let mut batch: Vec<f32> = vec![0.0; 32 * per_patch];
     let big: Vec<f32> = vec![1.0; 32 * per_patch];
     let (mut gather, mut copy) = (Vec::new(), Vec::new());
     let mut patches: usize = 0;
     for _ in 0..REPEAT.min(21) {
         let t = Instant::now();
         patches = 0;
+        let mut k = 0;
         for (w, row_col) in out
             .iter()
             .zip((0..grid.rows).flat_map(|r| (0..grid.cols).map(move |c| (r, c))))
@@ -101,11 +102,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let rect = grid.rect(row_col.0, row_col.1);
             for i in 0..rect.h {
                 for j in 0..rect.w {
-                    if batch.len() == 32 * per_patch {
+                    if k == 32 {
                         std::hint::black_box(&batch);
-                        batch.clear();
+                        k = 0;
                     }
-                    gather_patch(w, shape, i, j, p, &mut batch);
+                    gather_patch(w, shape, i, j, p, &mut batch[k * per_patch..(k + 1) * per_patch]);
+                    k += 1;
                     patches += 1;
                 }
             }
@@ -113,8 +115,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         gather.push(t.elapsed().as_secs_f64());
         let t = Instant::now();
         for _ in 0..patches.div_ceil(32) {
-            batch.clear();
-            batch.extend_from_slice(&big);
+            batch.copy_from_slice(&big);
             std::hint::black_box(&batch);
         }
         copy.push(t.elapsed().as_secs_f64());

@@ -235,8 +235,14 @@ pub fn produce_with(
                 },
                 None => Vec::with_capacity(need),
             };
-            if opts.mode == Mode::Patch {
-                b.pixels.reserve(*cap);
+            match opts.mode {
+                // Patches are written in place: a buffer back from the engine is already this long
+                // (zeroed only when new), so no value of the batch is written twice.
+                Mode::Patch => {
+                    b.data.resize(need, 0.0);
+                    b.pixels.reserve(*cap);
+                }
+                Mode::Dense => b.data.clear(),
             }
         }
         true
@@ -251,6 +257,8 @@ pub fn produce_with(
             Mode::Patch => layout.shape(n, bands, p, p),
             Mode::Dense => layout.shape(n, bands, wh, ww),
         };
+        // A last, partial batch of patches holds only the patches written.
+        b.data.truncate(n * per_unit);
         std::mem::take(b)
     };
     for row in 0..grid.rows {
@@ -278,7 +286,8 @@ pub fn produce_with(
                             if !start(&mut batch, &mut cap) {
                                 return;
                             }
-                            gather_patch(&window, shape, i, j, p, &mut batch.data);
+                            let at = batch.pixels.len() * per_unit;
+                            gather_patch(&window, shape, i, j, p, &mut batch.data[at..at + per_unit]);
                             batch.pixels.push((rect.y0 + i, rect.x0 + j));
                             if batch.pixels.len() >= cap && !sink(finish(&mut batch)) {
                                 return;
@@ -356,8 +365,9 @@ impl BufferPool {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// An empty buffer with room for `need` values: a free one that fits, else a new one while
-    /// fewer than `limit` exist, else the next one given back. `None` once the pool is closed.
+    /// A buffer with room for `need` values, holding whatever it held when given back (the caller
+    /// clears or overwrites it): a free one that fits, else a new (empty) one while fewer than
+    /// `limit` exist, else the next one given back. `None` once the pool is closed.
     pub fn take(&self, need: usize) -> Option<Vec<f32>> {
         let mut s = self.lock();
         loop {
@@ -365,9 +375,8 @@ impl BufferPool {
                 return None;
             }
             if let Some(at) = s.free.iter().position(|v| fits(v, need)) {
-                let mut v = s.free.swap_remove(at);
+                let v = s.free.swap_remove(at);
                 drop(s);
-                v.clear();
                 return Some(v);
             }
             let misfit = s.free.pop();
@@ -983,6 +992,69 @@ mod tests {
         assert_eq!(BufferPool::run_limit(1, 100, 40), 3);
         assert_eq!(BufferPool::run_limit(1, 100, 60), 2);
         assert_eq!(BufferPool::run_limit(1, 0, 60), 1);
+    }
+
+    #[test]
+    fn batches_from_reused_buffers_equal_batches_from_fresh_ones() {
+        use crate::cube::{DataType, Header, Interleave};
+        let dir = tempfile::tempdir().unwrap();
+        let (lines, samples, bands) = (5usize, 6usize, 2usize);
+        let bytes: Vec<u8> = (0..lines * bands * samples)
+            .flat_map(|i| ((i * 37 % 101) as i16).to_le_bytes())
+            .collect();
+        std::fs::write(dir.path().join("c.img"), bytes).unwrap();
+        let hdr = dir.path().join("c.hdr");
+        std::fs::write(
+            &hdr,
+            Header::new(samples, lines, bands, DataType::I16, Interleave::Bil).to_text(),
+        )
+        .unwrap();
+        let cube = Cube::open(&hdr).unwrap();
+        let m = manifest();
+        for mode in [Mode::Patch, Mode::Dense] {
+            let opts = RunOptions {
+                mode,
+                batch: 4,
+                tile: 4,
+                queue: 1,
+                keep_scores: false,
+                producer_nice: 0,
+            };
+            let collect = |pool: Option<&BufferPool>| {
+                let mut got = Vec::new();
+                produce_with(&cube, &m, &opts, &AtomicUsize::new(opts.batch), pool, |b| {
+                    got.push((b.data.clone(), b.shape.clone(), b.pixels.clone(), b.tiles.clone()));
+                    if let Some(pool) = pool {
+                        pool.give(b.data);
+                    }
+                    true
+                });
+                got
+            };
+            let fresh = collect(None);
+            // Buffers back from earlier batches hold stale values, some shorter than a batch.
+            let pool = BufferPool::new(buffer_limit(&cube, &m, &opts));
+            let need =
+                opts.batch * bands * grid_for(&cube, &m, &opts).window_h() * grid_for(&cube, &m, &opts).window_w();
+            pool.reopen(2);
+            let (mut a, mut b) = (pool.take(need).unwrap(), pool.take(need).unwrap());
+            a.resize(need, f32::NAN);
+            b.resize(3, f32::NAN);
+            pool.give(a);
+            pool.give(b);
+            for _ in 0..2 {
+                let reused = collect(Some(&pool));
+                assert_eq!(reused.len(), fresh.len(), "{mode:?}");
+                for (a, b) in reused.iter().zip(&fresh) {
+                    assert_eq!(
+                        a.0.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        b.0.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{mode:?}"
+                    );
+                    assert_eq!((&a.1, &a.2, &a.3), (&b.1, &b.2, &b.3), "{mode:?}");
+                }
+            }
+        }
     }
 
     #[test]

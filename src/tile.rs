@@ -166,37 +166,48 @@ pub struct WindowShape {
     pub w: usize,
 }
 
-/// Appends to `out` the `p x p` patch (`bands x p x p`) whose top-left corner is window position
-/// (`y`, `x`). The patch of output pixel (i, j) of a tile starts at window (i, j).
+/// Writes into `out` (exactly `bands x p x p` values) the `p x p` patch whose top-left corner is
+/// window position (`y`, `x`). The patch of output pixel (i, j) of a tile starts at window (i, j).
 ///
-/// Appending (into a buffer whose capacity is reserved) writes each value once; resizing first
-/// and copying after would write the batch twice. The shipped patch sizes copy rows of a length
-/// known at compile time: a patch is `bands x p` short copies (2,244 for 204 bands at p = 11), and
-/// a call to `memcpy` for each of them made the tiling thread's time several times the copy itself.
-pub fn gather_patch(window: &[f32], shape: WindowShape, y: usize, x: usize, p: usize, out: &mut Vec<f32>) {
+/// The patch is written in place, into a batch buffer that keeps its length from batch to batch,
+/// so each value is written once, with no capacity check or length update per row. The shipped
+/// patch sizes copy rows of a length known at compile time: a patch is `bands x p` short copies
+/// (2,244 for 204 bands at p = 11), and a call to `memcpy` for each of them made the tiling
+/// thread's time several times the copy itself.
+pub fn gather_patch(window: &[f32], shape: WindowShape, y: usize, x: usize, p: usize, out: &mut [f32]) {
+    debug_assert_eq!(out.len(), shape.bands * p * p);
     match p {
-        1 => gather_rows(window, shape, y, x, 1, out),
-        3 => gather_rows(window, shape, y, x, 3, out),
-        5 => gather_rows(window, shape, y, x, 5, out),
-        7 => gather_rows(window, shape, y, x, 7, out),
-        9 => gather_rows(window, shape, y, x, 9, out),
-        11 => gather_rows(window, shape, y, x, 11, out),
-        13 => gather_rows(window, shape, y, x, 13, out),
-        15 => gather_rows(window, shape, y, x, 15, out),
-        _ => gather_rows(window, shape, y, x, p, out),
+        1 => gather_rows::<1>(window, shape, y, x, out),
+        3 => gather_rows::<3>(window, shape, y, x, out),
+        5 => gather_rows::<5>(window, shape, y, x, out),
+        7 => gather_rows::<7>(window, shape, y, x, out),
+        9 => gather_rows::<9>(window, shape, y, x, out),
+        11 => gather_rows::<11>(window, shape, y, x, out),
+        13 => gather_rows::<13>(window, shape, y, x, out),
+        15 => gather_rows::<15>(window, shape, y, x, out),
+        _ => gather_any(window, shape, y, x, p, out),
     }
 }
 
-/// Inlined into each arm of [`gather_patch`], so a literal `p` becomes a fixed-length copy.
 #[inline(always)]
-fn gather_rows(window: &[f32], shape: WindowShape, y: usize, x: usize, p: usize, out: &mut Vec<f32>) {
-    let WindowShape { bands, h: wh, w: ww } = shape;
-    out.reserve(bands * p * p);
-    for band in 0..bands {
+fn gather_rows<const P: usize>(window: &[f32], shape: WindowShape, y: usize, x: usize, out: &mut [f32]) {
+    let WindowShape { h: wh, w: ww, .. } = shape;
+    for (band, dst) in out.chunks_exact_mut(P * P).enumerate() {
         let top = (band * wh + y) * ww + x;
-        for i in 0..p {
+        for (i, d) in dst.chunks_exact_mut(P).enumerate() {
             let src = top + i * ww;
-            out.extend_from_slice(&window[src..src + p]);
+            d.copy_from_slice(&window[src..src + P]);
+        }
+    }
+}
+
+fn gather_any(window: &[f32], shape: WindowShape, y: usize, x: usize, p: usize, out: &mut [f32]) {
+    let WindowShape { h: wh, w: ww, .. } = shape;
+    for (band, dst) in out.chunks_exact_mut(p * p).enumerate() {
+        let top = (band * wh + y) * ww + x;
+        for (i, d) in dst.chunks_exact_mut(p).enumerate() {
+            let src = top + i * ww;
+            d.copy_from_slice(&window[src..src + p]);
         }
     }
 }
@@ -317,7 +328,7 @@ mod tests {
                 let rect = g.rect(row, col);
                 for i in 0..rect.h {
                     for j in 0..rect.w {
-                        let mut patch = Vec::new();
+                        let mut patch = vec![f32::NAN; bands * p * p];
                         gather_patch(
                             &win,
                             WindowShape {
