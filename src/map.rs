@@ -88,18 +88,29 @@ impl Staged {
             }
         };
         let e = &mut self.files[at];
-        let io = |source| MapError::Io {
-            path: e.path.clone(),
-            source,
-        };
-        e.tmp.write_all(bytes).map_err(io)?;
-        let file = e.tmp.as_file().try_clone().map_err(io)?;
-        let sync = std::thread::Builder::new()
-            .name("hsiedge-sync".into())
-            .spawn(move || file.sync_all())
-            .map_err(io)?;
-        e.sync = Some(sync);
-        Ok(e.path.clone())
+        let written = e
+            .tmp
+            .write_all(bytes)
+            .and_then(|()| e.tmp.as_file().try_clone())
+            .and_then(|file| {
+                std::thread::Builder::new()
+                    .name("hsiedge-sync".into())
+                    .spawn(move || file.sync_all())
+            });
+        match written {
+            Ok(sync) => {
+                e.sync = Some(sync);
+                Ok(e.path.clone())
+            }
+            Err(source) => {
+                // Dropped, so nothing half written is ever committed or written into again.
+                let e = self.files.remove(at);
+                if let Some(link) = &e.replaced {
+                    let _ = std::fs::remove_file(link);
+                }
+                Err(MapError::Io { path: e.path, source })
+            }
+        }
     }
 
     /// Makes the temporary file of `name` (empty) and returns the final path; [`Staged::add`]
