@@ -177,31 +177,21 @@ pub struct WindowShape {
 pub fn gather_patch(window: &[f32], shape: WindowShape, y: usize, x: usize, p: usize, out: &mut [f32]) {
     debug_assert_eq!(out.len(), shape.bands * p * p);
     match p {
-        1 => gather_rows::<1>(window, shape, y, x, out),
-        3 => gather_rows::<3>(window, shape, y, x, out),
-        5 => gather_rows::<5>(window, shape, y, x, out),
-        7 => gather_rows::<7>(window, shape, y, x, out),
-        9 => gather_rows::<9>(window, shape, y, x, out),
-        11 => gather_rows::<11>(window, shape, y, x, out),
-        13 => gather_rows::<13>(window, shape, y, x, out),
-        15 => gather_rows::<15>(window, shape, y, x, out),
-        _ => gather_any(window, shape, y, x, p, out),
+        1 => gather_rows(window, shape, y, x, 1, out),
+        3 => gather_rows(window, shape, y, x, 3, out),
+        5 => gather_rows(window, shape, y, x, 5, out),
+        7 => gather_rows(window, shape, y, x, 7, out),
+        9 => gather_rows(window, shape, y, x, 9, out),
+        11 => gather_rows(window, shape, y, x, 11, out),
+        13 => gather_rows(window, shape, y, x, 13, out),
+        15 => gather_rows(window, shape, y, x, 15, out),
+        _ => gather_rows(window, shape, y, x, p, out),
     }
 }
 
+/// Inlined into each arm of [`gather_patch`], so a literal `p` becomes a fixed-length copy.
 #[inline(always)]
-fn gather_rows<const P: usize>(window: &[f32], shape: WindowShape, y: usize, x: usize, out: &mut [f32]) {
-    let WindowShape { h: wh, w: ww, .. } = shape;
-    for (band, dst) in out.chunks_exact_mut(P * P).enumerate() {
-        let top = (band * wh + y) * ww + x;
-        for (i, d) in dst.chunks_exact_mut(P).enumerate() {
-            let src = top + i * ww;
-            d.copy_from_slice(&window[src..src + P]);
-        }
-    }
-}
-
-fn gather_any(window: &[f32], shape: WindowShape, y: usize, x: usize, p: usize, out: &mut [f32]) {
+fn gather_rows(window: &[f32], shape: WindowShape, y: usize, x: usize, p: usize, out: &mut [f32]) {
     let WindowShape { h: wh, w: ww, .. } = shape;
     for (band, dst) in out.chunks_exact_mut(p * p).enumerate() {
         let top = (band * wh + y) * ww + x;

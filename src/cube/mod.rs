@@ -340,39 +340,29 @@ pub fn decode(bytes: &[u8], dt: DataType, order: ByteOrder, out: &mut [f32]) {
 /// Decodes `out.len()` consecutive samples of `dt` from `bytes`, each value `v` as
 /// `(v - offset) * scale` (rounded as `f32` arithmetic: the same result as decoding first).
 pub fn decode_scaled(bytes: &[u8], dt: DataType, order: ByteOrder, offset: f32, scale: f32, out: &mut [f32]) {
-    macro_rules! run {
-        ($t:ty, $n:literal) => {{
-            // The byte order is decided once per call, not per sample, so the loop vectorises.
-            let pairs = out.iter_mut().zip(bytes.chunks_exact($n));
+    macro_rules! typed {
+        ($t:ty) => {
             match order {
-                ByteOrder::Little => {
-                    for (o, c) in pairs {
-                        let mut a = [0u8; $n];
-                        a.copy_from_slice(c);
-                        *o = (<$t>::from_le_bytes(a) as f32 - offset) * scale;
-                    }
-                }
-                ByteOrder::Big => {
-                    for (o, c) in pairs {
-                        let mut a = [0u8; $n];
-                        a.copy_from_slice(c);
-                        *o = (<$t>::from_be_bytes(a) as f32 - offset) * scale;
-                    }
-                }
+                ByteOrder::Little => decode_scaled_as::<$t, false>(bytes, offset, scale, out),
+                ByteOrder::Big => decode_scaled_as::<$t, true>(bytes, offset, scale, out),
             }
-        }};
+        };
     }
     match dt {
-        DataType::U8 => {
-            for (o, v) in out.iter_mut().zip(bytes) {
-                *o = (f32::from(*v) - offset) * scale;
-            }
-        }
-        DataType::I16 => run!(i16, 2),
-        DataType::U16 => run!(u16, 2),
-        DataType::I32 => run!(i32, 4),
-        DataType::F32 => run!(f32, 4),
-        DataType::F64 => run!(f64, 8),
+        DataType::U8 => typed!(u8),
+        DataType::I16 => typed!(i16),
+        DataType::U16 => typed!(u16),
+        DataType::I32 => typed!(i32),
+        DataType::F32 => typed!(f32),
+        DataType::F64 => typed!(f64),
+    }
+}
+
+/// [`decode_scaled`] for one sample type and byte order, decided once per call so the loop
+/// vectorises.
+fn decode_scaled_as<T: Sample, const BIG: bool>(bytes: &[u8], offset: f32, scale: f32, out: &mut [f32]) {
+    for (o, c) in out.iter_mut().zip(bytes.chunks_exact(T::SIZE)) {
+        *o = (T::decode::<BIG>(c) - offset) * scale;
     }
 }
 
