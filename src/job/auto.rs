@@ -1,0 +1,417 @@
+//! `--batch auto`: the memory plan of a run (graph prior, calibration, cached knee) and the governor that
+//! re-plans between batches.
+
+use super::*;
+
+/// How much more than the graph's activation peak a run really holds per unit (im2col and
+/// convolution workspaces): measured 2.2-4.3x on the shipped models by `hsiedge plan`, rounded up.
+pub const PRIOR_WORKSPACE_FACTOR: u64 = 5;
+
+/// The scene facts the memory plan needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SceneGeometry {
+    /// Lines.
+    pub lines: usize,
+    /// Samples per line.
+    pub samples: usize,
+    /// Bands.
+    pub bands: usize,
+    /// Bytes of the mapped data file. Its pages are clean page cache the kernel reclaims under
+    /// pressure, so the plan does not count them; they are reported only.
+    pub data_bytes: u64,
+}
+
+impl SceneGeometry {
+    /// The geometry of an opened cube.
+    pub fn of(cube: &Cube) -> Self {
+        Self {
+            lines: cube.lines(),
+            samples: cube.samples(),
+            bands: cube.bands(),
+            data_bytes: std::fs::metadata(cube.data_path()).map_or(0, |m| m.len()),
+        }
+    }
+}
+
+/// Plans `--batch auto`: sizes the graph, reads the system budget, measures two or three small
+/// batches to fit `M(B) = M_fixed + a*B`, adds what the pipeline itself holds, and applies
+/// `B_safe = floor((budget*(1 - r_frag) - M_fixed) / a)`. Fails before inference when not even one
+/// unit fits.
+pub fn auto_batch(
+    cube: &SceneGeometry,
+    scene: Option<&Cube>,
+    manifest: &Manifest,
+    graph: &mut Graph,
+    run: &RunOptions,
+    settings: &BudgetSettings,
+    knee: Option<(u64, PathBuf)>,
+) -> Result<AutoBatch, JobError> {
+    let root = settings.root.as_path();
+    let grid = crate::tile::TileGrid::new(cube.lines, cube.samples, run.tile, manifest.halo);
+    let bands = cube.bands;
+    let (unit, in_per_unit, bindings) = match run.mode {
+        Mode::Patch => (
+            Unit::Sample,
+            bands * manifest.patch * manifest.patch,
+            ShapeBindings::default(),
+        ),
+        Mode::Dense => {
+            let model = graph::load_model(graph.path())?;
+            let b = ShapeBindings::dense_tile(&model, grid.tile_h as u64, grid.tile_w as u64, grid.halo as u64);
+            (Unit::Tile, bands * grid.window_h() * grid.window_w(), b)
+        }
+    };
+    let gcost = graph::analyse_file(graph.path(), &bindings)?;
+    let prior = CostModel::from_graph(&gcost, unit, budget::DEFAULT_RUNTIME_OVERHEAD_BYTES);
+    let cfg = |own_bytes| BudgetConfig {
+        reserve_bytes: settings.reserve_bytes,
+        own_bytes,
+        device: None,
+    };
+    let own = anon_bytes(root);
+    let system = budget::read_system_budget(root, &cfg(own))?;
+    // The graph prior misses runtime workspaces (measured 2-5x short on the shipped models), so a
+    // calibration run is made only where eight times the prior's per-unit cost fits on top of what
+    // the process holds now: calibration never nears the wall.
+    // Samples are sized so each probe holds about 8, 32 and 96 MiB by the prior (at least 8, 32, 128
+    // samples): a cheap per-pixel model needs thousands of samples before its slope rises above the
+    // allocator's noise. No size exceeds the scene.
+    let in_bytes = (in_per_unit * 4) as u64;
+    let out_bytes = match run.mode {
+        Mode::Patch => manifest.classes() as u64 * 4,
+        Mode::Dense => (manifest.classes() * grid.tile_h * grid.tile_w * 4) as u64,
+    };
+    let pixels = (cube.lines * cube.samples) as u64;
+    let scene_units = match run.mode {
+        Mode::Patch => pixels,
+        Mode::Dense => grid.len() as u64,
+    };
+    let in_flight_at = |b: u64| extra_buffers(run.queue, scene_units, b);
+    let sample_sizes = {
+        let per = prior.per_unit_bytes.saturating_mul(PRIOR_WORKSPACE_FACTOR).max(1);
+        let room = pixels.max(1);
+        let mut v: Vec<u64> = [(8u64 << 20, 8u64), (32 << 20, 32), (96 << 20, 128)]
+            .iter()
+            .map(|&(t, min)| (t / per).max(min).min(room))
+            .collect();
+        v.dedup();
+        if v.len() < 3 {
+            // A small scene caps every size at its room: spread them below it instead.
+            v = [room / 9, room / 3, room].iter().map(|&b| b.max(1)).collect();
+            v.dedup();
+        }
+        v
+    };
+    let sizes: Vec<u64> = match unit {
+        Unit::Sample => sample_sizes,
+        Unit::Tile => vec![1u64, 4, 8],
+    }
+    .into_iter()
+    .filter(|&b| own.saturating_add(prior.per_unit_bytes.saturating_mul(8 * b)) <= system.budget_bytes)
+    .collect();
+    // Calibration runs the real pipeline (producer, queue, engine) for a few batches at each small
+    // size on the scene itself, so in-flight batches, the tile window and allocator behaviour are
+    // all in the measured peak.
+    // Each probe runs long enough (at least `queue + 3` batches and 2048 samples or 8 tiles) for
+    // the runtime's per-thread allocator heaps to reach their steady size.
+    let probe_units: u64 = if unit == Unit::Sample { 2048 } else { 8 };
+    let calibration = match (scene, sizes.len() >= 2) {
+        (Some(cube), true) => {
+            let cal = budget::calibrate(unit, &sizes, |b| -> Result<u64, JobError> {
+                let opts = RunOptions {
+                    batch: usize::try_from(b).unwrap_or(1),
+                    ..run.clone()
+                };
+                budget::reset_process_hwm(root)?;
+                let (result, sampled) = with_peak_anon(root, || {
+                    let batches = (run.queue + 3).max(usize::try_from(probe_units.div_ceil(b)).unwrap_or(1));
+                    pipeline::probe(cube, manifest, graph, &opts, batches)
+                });
+                result?;
+                // The buffers in flight besides the running one (all faulted in at the start) are
+                // taken out, so the fit is the run's own cost and the plan can add the count the
+                // chosen batch will have.
+                Ok(sampled
+                    .max(hwm_anon_bound(root)?)
+                    .saturating_sub(in_flight_at(b) * in_bytes * b))
+            })?;
+            Some(cal)
+        }
+        _ => None,
+    };
+    // Without calibration, the prior's per-unit cost is scaled by the largest workspace factor
+    // measured on the shipped models, so the plan errs towards smaller batches.
+    let (measured, measured_fixed_pipeline) = match &calibration {
+        Some(c) => (
+            CostModel {
+                // A run holds at least its own input and output, whatever the fit's noise says.
+                per_unit_bytes: c.model.per_unit_bytes.max(in_bytes + out_bytes),
+                ..c.model.clone()
+            },
+            true,
+        ),
+        None => (
+            CostModel {
+                per_unit_bytes: prior.per_unit_bytes.saturating_mul(PRIOR_WORKSPACE_FACTOR),
+                ..prior
+            },
+            false,
+        ),
+    };
+    let k = manifest.classes() as u64;
+    let keeps_scores = run.keep_scores || manifest.task == Task::Abundance;
+    let maps = pixels * (1 + 4 + 1) + if keeps_scores { pixels * k * 4 } else { 0 };
+    let window = (bands * grid.window_h() * grid.window_w() * 4) as u64;
+    // In-place calibration measured the tile window already (maps come later, at run).
+    let pipeline_fixed_bytes = maps + if measured_fixed_pipeline { 0 } else { window };
+    let choose = ChooseConfig {
+        frag_margin: settings.frag_margin,
+        max_units: settings.max_units.min(scene_units.max(1)),
+        knee: knee.as_ref().map(|(k, _)| *k),
+    };
+    // Besides the batch being run, `queue + 1` more batch buffers are held (queued, and one being
+    // built; the pipeline faults them all in at the start), but no more than the scene has batches:
+    // M(B) = F + B*run + in*B*(min(q+2, ceil(U/B)) - 1). It rises with B (a run holds at least its
+    // own input), so the largest B that fits is found by bisection; the plan reports the straight
+    // line through M(B_safe).
+    let fixed = measured.fixed_bytes + pipeline_fixed_bytes;
+    let run_bytes = measured.per_unit_bytes;
+    let peak_at = |b: u64| {
+        fixed.saturating_add(b.saturating_mul(run_bytes)).saturating_add(
+            in_bytes
+                .saturating_mul(b)
+                .saturating_mul(extra_buffers(run.queue, scene_units, b)),
+        )
+    };
+    let usable = system
+        .budget_bytes
+        .saturating_sub(((system.budget_bytes as f64) * settings.frag_margin).ceil() as u64);
+    let (mut lo, mut hi) = (0u64, choose.max_units.min(choose.knee.unwrap_or(u64::MAX)));
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if peak_at(mid) <= usable {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let per_unit_bytes = if lo > 0 {
+        (peak_at(lo) - fixed).div_ceil(lo)
+    } else {
+        run_bytes + (run.queue as u64 + 1) * in_bytes
+    };
+    let cost = CostModel {
+        fixed_bytes: fixed,
+        per_unit_bytes,
+        ..measured.clone()
+    };
+    let mut plan = Plan::build(&system, &cost, Some(&gcost), &choose)?;
+    let pipeline_bytes_per_unit = per_unit_bytes - run_bytes;
+    plan.mode = match run.mode {
+        Mode::Patch => "patch".into(),
+        Mode::Dense => "dense".into(),
+    };
+    Ok(AutoBatch {
+        plan,
+        calibration,
+        pipeline_bytes_per_unit,
+        run_bytes_per_unit: run_bytes,
+        pipeline_fixed_bytes,
+        knee_file: knee.map(|(_, p)| p),
+    })
+}
+
+/// Batch buffers a run holds besides the running batch's: the pipeline's pool limit less one.
+pub(super) fn extra_buffers(queue: usize, units: u64, b: u64) -> u64 {
+    let (units, b) = (
+        usize::try_from(units).unwrap_or(usize::MAX),
+        usize::try_from(b).unwrap_or(usize::MAX),
+    );
+    pipeline::BufferPool::run_limit(queue, units, b) as u64 - 1
+}
+
+/// What a batch sweep of this model must match to apply here.
+pub fn sweep_key(
+    manifest: &Manifest,
+    graph_path: &Path,
+    mode: Mode,
+    tile: usize,
+    engine: &crate::engine::EngineOptions,
+    runtime: &Runtime,
+    root: &Path,
+) -> Result<budget::knee::SweepKey, JobError> {
+    let bytes = std::fs::read(graph_path).map_err(|source| JobError::Read {
+        path: graph_path.to_path_buf(),
+        source,
+    })?;
+    let (cpu, cpus) = budget::knee::cpu_identity(root);
+    Ok(budget::knee::SweepKey {
+        model: manifest.name.clone(),
+        graph_hash: format!("{:016x}", budget::knee::fnv1a(&bytes)),
+        mode: match mode {
+            Mode::Patch => "patch".into(),
+            Mode::Dense => "dense".into(),
+        },
+        tile: (mode == Mode::Dense).then_some(tile),
+        provider: runtime.provider().ort_name().into(),
+        threads: engine.threads,
+        onnxruntime: runtime.build_info(),
+        cpu,
+        cpus,
+        jetson: budget::detect_jetson(root).and_then(|j| j.model),
+        power_mode: budget::knee::power_mode(root),
+    })
+}
+
+/// The knee of the cached sweep for this run, if there is one. A cache that cannot be read is
+/// reported on stderr and ignored: it only ever lowers the batch, so running without it is safe.
+pub(super) fn cached_knee(
+    manifest: &Manifest,
+    graph: &Graph,
+    mode: Mode,
+    run: &RunOptions,
+    engine: &crate::engine::EngineOptions,
+    runtime: &Runtime,
+    settings: &BudgetSettings,
+) -> Option<(u64, PathBuf)> {
+    let dir = settings.sweep_cache.as_ref()?;
+    let found = sweep_key(manifest, graph.path(), mode, run.tile, engine, runtime, &settings.root)
+        .map_err(|e| e.to_string())
+        .and_then(|key| budget::knee::load(dir, &key).map_err(|e| e.to_string()));
+    match found {
+        Ok(Some((record, path))) => record.knee.map(|k| (k, path)),
+        Ok(None) => None,
+        Err(e) => {
+            eprintln!("hsiedge: warning: ignoring the batch sweep cache: {e}");
+            None
+        }
+    }
+}
+
+/// This process's anonymous resident memory (`RssAnon`): what the cost model counts. File-backed
+/// pages (the mapped scene, the ONNX Runtime library) are reclaimable and stay out of it.
+pub fn anon_bytes(root: &Path) -> u64 {
+    status_kib(root, "RssAnon:")
+}
+
+/// A `kB` field of `/proc/self/status`, in bytes (0 when absent).
+pub(super) fn status_kib(root: &Path, field: &str) -> u64 {
+    std::fs::read_to_string(root.join("proc/self/status")).map_or(0, |text| kib_field(&text, field))
+}
+
+/// A `kB` field of the text of a `status` file, in bytes (0 when absent).
+pub(super) fn kib_field(text: &str, field: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// The resident high-water mark less the file and shared pages mapped now: a lower bound of the
+/// anonymous peak since the mark was reset (the mapped scene's pages only grow during a run), which
+/// catches a peak shorter than the sampling period.
+pub(super) fn hwm_anon_bound(root: &Path) -> Result<u64, BudgetError> {
+    let hwm = budget::read_process_hwm(root)?;
+    let text = std::fs::read_to_string(root.join("proc/self/status")).unwrap_or_default();
+    Ok(hwm.saturating_sub(kib_field(&text, "RssFile:") + kib_field(&text, "RssShmem:")))
+}
+
+/// Runs `f` while a thread samples this process's `RssAnon` every 2 ms; returns its result and the
+/// peak sampled. Sampling catches the peak without counting the mapped scene's (reclaimable)
+/// pages; the calibration probes use it (a timed run samples on its own thread, see
+/// [`Job::infer`]). The high-water-mark bound the callers add catches a peak between samples.
+pub fn with_peak_anon<T>(root: &Path, f: impl FnOnce() -> T) -> (T, u64) {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let sampler = scope.spawn(|| {
+            let mut peak = anon_bytes(root);
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                peak = peak.max(anon_bytes(root));
+                // Parked rather than asleep, so the end of `f` wakes it at once and the caller
+                // does not wait out a sampling period.
+                std::thread::park_timeout(PEAK_SAMPLE_PERIOD);
+            }
+            peak.max(anon_bytes(root))
+        });
+        let result = f();
+        done.store(true, std::sync::atomic::Ordering::Release);
+        sampler.thread().unpark();
+        (result, sampler.join().unwrap_or(0))
+    })
+}
+
+/// The memory governor as a pipeline [`pipeline::Adapt`]: re-reads the budget every few batches
+/// and when memory pressure rises, and logs each change with its cause on stderr.
+pub(super) struct BudgetGovernor {
+    governor: budget::Governor,
+    root: PathBuf,
+    reserve_bytes: u64,
+    pub(super) changes: Vec<Adjustment>,
+}
+
+impl BudgetGovernor {
+    pub(super) fn new(auto: &AutoBatch, settings: &BudgetSettings) -> Result<Self, JobError> {
+        let cost = CostModel {
+            unit: auto.plan.unit,
+            fixed_bytes: auto.plan.fixed_bytes,
+            per_unit_bytes: auto.plan.per_unit_bytes,
+            source: auto.plan.cost_source,
+            fit_rms_residual_bytes: auto.plan.fit_rms_residual_bytes,
+        };
+        let cfg = budget::GovernorConfig {
+            check_every: settings.check_every.max(1),
+            ..budget::GovernorConfig::from(&ChooseConfig {
+                frag_margin: settings.frag_margin,
+                max_units: settings.max_units,
+                knee: None,
+            })
+        };
+        Ok(Self {
+            governor: budget::Governor::new(cost, auto.plan.batch_safe.max(1), cfg)?,
+            root: settings.root.clone(),
+            reserve_bytes: settings.reserve_bytes,
+            changes: Vec::new(),
+        })
+    }
+
+    fn check(&mut self) -> Option<Adjustment> {
+        let cfg = BudgetConfig {
+            reserve_bytes: self.reserve_bytes,
+            own_bytes: anon_bytes(&self.root),
+            device: None,
+        };
+        match self.governor.check(&self.root, &cfg) {
+            Ok(change) => change,
+            Err(e) => {
+                eprintln!("hsiedge: warning: memory budget re-read failed, batch kept: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl pipeline::Adapt for BudgetGovernor {
+    fn after_batch(&mut self, batches_done: u64, current: usize) -> usize {
+        let psi = budget::read_psi(&self.root).ok().flatten();
+        if !self.governor.should_check(batches_done, psi.as_ref()) {
+            return current;
+        }
+        let mut change = self.check();
+        // Nothing fits: wait for memory to come back (up to 5 s) rather than run into the wall.
+        let mut waits = 0;
+        while change.as_ref().is_some_and(|c| c.cause == budget::Cause::Exhausted) && waits < 50 {
+            if let Some(c) = change.take() {
+                eprintln!("hsiedge: {c}; waiting for memory");
+                self.changes.push(c);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            waits += 1;
+            change = self.check();
+        }
+        if let Some(c) = change {
+            eprintln!("hsiedge: {c}");
+            self.changes.push(c);
+        }
+        usize::try_from(self.governor.current()).unwrap_or(current)
+    }
+}
