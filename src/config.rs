@@ -101,6 +101,13 @@ pub const HOME: EnvVar = EnvVar {
     meaning: "sweeps go to $HOME/.cache/hsiedge when neither cache variable is set",
 };
 
+/// A fault to inject, for the crash tests of the output commit.
+pub const HSIEDGE_FAILPOINT: EnvVar = EnvVar {
+    name: "HSIEDGE_FAILPOINT",
+    default: "unset (no fault)",
+    meaning: "testing only: `set-step:K` kills the process (SIGKILL) just before the K-th file-system step of writing an output set",
+};
+
 /// All variables, in the order `hsiedge env` prints them.
 pub const ALL: &[EnvVar] = &[
     ORT_DYLIB_PATH,
@@ -111,6 +118,7 @@ pub const ALL: &[EnvVar] = &[
     HSIEDGE_CACHE_DIR,
     XDG_CACHE_HOME,
     HOME,
+    HSIEDGE_FAILPOINT,
 ];
 
 /// Variables only the test suite and CI read (the integration tests cannot use this crate's

@@ -20,6 +20,17 @@ pub const ORT_VERSION: &str = "1.31.1";
 /// Errors from ONNX Runtime and its discovery.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// More intra-op threads than CPUs this process may use.
+    #[error(
+        "invalid value `{threads}` for --threads: at most {cpus}, the CPUs this process may use \
+         (its affinity mask and cgroup CPU quota); 0 picks one per core"
+    )]
+    Threads {
+        /// The count asked for.
+        threads: usize,
+        /// The CPUs available.
+        cpus: usize,
+    },
     /// No libonnxruntime was found anywhere it is looked for.
     #[error(
         "ONNX Runtime library not found; looked in:\n  {}\n\
@@ -423,7 +434,16 @@ static LOADING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 impl Runtime {
     /// Finds and loads ONNX Runtime. A process loads one library; asking for another is an error.
+    /// Fails with [`EngineError::Threads`] when more intra-op threads are asked than the process
+    /// may run at once: oversubscribed threads only wait on each other.
     pub fn new(options: EngineOptions) -> Result<Self, EngineError> {
+        let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+        if options.threads > cpus {
+            return Err(EngineError::Threads {
+                threads: options.threads,
+                cpus,
+            });
+        }
         let location = find_library(options.ort_lib.as_deref())?;
         let _guard = LOADING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((loaded, env)) = LOADED.get() {

@@ -88,6 +88,18 @@ pub fn idle_thread_policy() -> std::io::Result<()> {
     Ok(())
 }
 
+/// Ends this process at once with SIGKILL, as `kill -9` from outside would: no destructor, exit
+/// handler or buffered write runs. Only the crash tests' failpoints call it.
+pub fn kill_self() -> ! {
+    #[cfg(unix)]
+    // SAFETY: kill with this process's own id and a valid signal number has no memory effects;
+    // SIGKILL cannot be caught, so the call does not return when it succeeds.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    std::process::abort()
+}
+
 /// An ONNX Runtime call that returned an error status.
 #[derive(Debug, thiserror::Error)]
 #[error("ONNX Runtime `{call}`: {message}")]

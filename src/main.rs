@@ -139,6 +139,9 @@ enum Command {
         /// Print the summary as JSON on stdout.
         #[arg(long)]
         json: bool,
+        /// When another run is writing the output folder, wait for it (default: fail at once).
+        #[arg(long)]
+        wait: bool,
         #[command(flatten)]
         engine: EngineArgs,
         #[command(flatten)]
@@ -331,6 +334,7 @@ fn run(cli: Cli) -> Result<()> {
             labels,
             keep_scores,
             json,
+            wait,
             engine,
             budget,
         } => {
@@ -338,6 +342,11 @@ fn run(cli: Cli) -> Result<()> {
                 scene,
                 manifest: model,
                 out,
+                contention: if wait {
+                    hsiedge::map::Contention::Wait
+                } else {
+                    hsiedge::map::Contention::Fail
+                },
                 mode: parse_mode(&mode)?,
                 batch: parse_batch(&batch)?,
                 tile,
@@ -431,6 +440,7 @@ fn run(cli: Cli) -> Result<()> {
                     scene,
                     manifest: model,
                     out: PathBuf::new(),
+                    contention: hsiedge::map::Contention::Fail,
                     mode: hsiedge::job::ModeChoice::Auto,
                     batch: hsiedge::job::BatchChoice::Auto,
                     tile,

@@ -128,7 +128,8 @@ pub fn simulate(manifest: &Manifest, opts: &SimulateOptions, dir: &Path) -> Resu
             }
         }
     }
-    let mut staged = Staged::new(dir)?;
+    let out = crate::map::OutputDir::lock(dir, crate::map::Contention::Fail)?;
+    let mut staged = Staged::new(&out)?;
     let mut h = Header::new(samples, lines, bands, DataType::F32, Interleave::Bil);
     h.description = Some(format!(
         "SYNTHETIC scene drawn by hsiedge simulate from the class statistics of model {} (seed {})",

@@ -8,7 +8,7 @@ use crate::budget::{self, Adjustment, BudgetConfig, BudgetError, Calibration, Ch
 use crate::cube::{Cube, CubeError};
 use crate::engine::{EngineError, EngineOptions, Graph, Runtime};
 use crate::graph::{self, GraphError, ShapeBindings};
-use crate::map::{MapError, MapShape, Staged};
+use crate::map::{Contention, MapError, MapShape, OutputDir, Staged};
 use crate::model::{Manifest, ModelError, Role, Task};
 use crate::pipeline::{self, Maps, Mode, PipelineError, RunOptions, RunStats};
 
@@ -130,6 +130,8 @@ pub struct JobSpec {
     pub manifest: PathBuf,
     /// Output folder.
     pub out: PathBuf,
+    /// What to do when another process is writing `out`.
+    pub contention: Contention,
     /// Execution mode.
     pub mode: ModeChoice,
     /// Batch size.
@@ -276,6 +278,9 @@ pub struct Job {
     labels: Option<Cube>,
     /// The output set of the last run, its headers staged while it ran.
     staged: Option<Staged>,
+    /// The output folder, locked for this job's lifetime (declared after `staged`, so a set
+    /// abandoned on drop is removed before the lock goes).
+    out: OutputDir,
     /// Unlinking the files the last write replaced.
     unlinking: Option<std::thread::JoinHandle<()>>,
 }
@@ -309,11 +314,9 @@ impl Job {
     /// Opens the scene and the model, checks them against each other, and builds the session.
     pub fn resolve(spec: JobSpec) -> Result<Self, JobError> {
         spec.validate()?;
-        // Made first, so a folder that cannot be made fails the job before the scene is read.
-        std::fs::create_dir_all(&spec.out).map_err(|source| MapError::Io {
-            path: spec.out.clone(),
-            source,
-        })?;
+        // Locked first, so a folder that cannot be made or is being written fails the job before
+        // the scene is read; a failure from here on removes the folder if this made it.
+        let out = OutputDir::lock(&spec.out, spec.contention)?;
         let t0 = Instant::now();
         let manifest = Manifest::load(&spec.manifest)?;
         let cube = Cube::open(&spec.scene)?;
@@ -340,6 +343,18 @@ impl Job {
             Some(p) => Some(open_labels(p, cube.lines(), cube.samples(), manifest.task)?),
             None => None,
         };
+        let mut inputs = vec![
+            spec.scene.clone(),
+            cube.header_path().to_path_buf(),
+            cube.data_path().to_path_buf(),
+            manifest.path.clone(),
+            manifest.patch_path(),
+        ];
+        inputs.extend(manifest.dense_path());
+        if let (Some(p), Some(l)) = (&spec.labels, &labels) {
+            inputs.extend([p.clone(), l.header_path().to_path_buf(), l.data_path().to_path_buf()]);
+        }
+        crate::map::check_inputs_spared(&out, &inputs)?;
         // A batch larger than the scene holds only empty room (and `--batch 100000000` would
         // ask the allocator for it up front).
         run.batch = run.batch.min(pipeline::units(&cube, &manifest, &run).max(1));
@@ -385,6 +400,7 @@ impl Job {
             buffers: pipeline::BufferPool::new(1),
             labels,
             staged: None,
+            out,
             unlinking: None,
         })
     }
@@ -412,7 +428,7 @@ impl Job {
             progress(done);
         };
         let shape = self.map_shape();
-        let (out, manifest, scene) = (&self.spec.out, &self.manifest, self.cube.header());
+        let (out, manifest, scene) = (&self.out, &self.manifest, self.cube.header());
         // The headers depend only on the run's shape, so they are staged and synced while it runs,
         // and the data files made, so after the last batch they are only written.
         let (result, staged) = std::thread::scope(|scope| {
@@ -434,7 +450,7 @@ impl Job {
             );
             let staged = headers.join().unwrap_or_else(|_| {
                 Err(MapError::Io {
-                    path: out.clone(),
+                    path: out.path().to_path_buf(),
                     source: std::io::Error::other("the header staging thread panicked"),
                 })
             });
@@ -468,13 +484,14 @@ impl Job {
         let mut staged = match self.staged.take() {
             Some(s) if s.dir() == self.spec.out && MapShape::of(maps) == self.map_shape() => s,
             _ => {
-                let mut s = Staged::new(&self.spec.out)?;
+                let mut s = Staged::new(&self.out)?;
                 crate::map::stage_headers(&mut s, MapShape::of(maps), &self.manifest, self.cube.header())?;
                 s
             }
         };
         let written = crate::map::stage_maps(&mut staged, maps, &self.manifest)?;
         let mut summary = Summary {
+            run_id: staged.run_id().to_string(),
             scene: self.cube.header_path().to_path_buf(),
             model: self.manifest.name.clone(),
             task: self.manifest.task,
@@ -600,6 +617,8 @@ pub fn peak_rss_bytes() -> u64 {
 /// What a job did, as written to `summary.json` and printed by `--json`.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Summary {
+    /// The output set's run id, also in each map header (`hsiedge run id`) and the quick-look.
+    pub run_id: String,
     /// Scene header.
     pub scene: PathBuf,
     /// Model name.

@@ -1,0 +1,233 @@
+//! Writing result maps: ENVI classification and float32 files, a PNG quick-look with a legend, and a
+//! JSON summary, written as one set into a locked output folder and made current as a whole
+//! (`set`: the layout, the switch, crash leftovers; `lock`: one writer per folder).
+
+use std::path::PathBuf;
+
+use crate::cube::{DataType, Header, Interleave, encode_f32};
+use crate::model::{Manifest, Task};
+use crate::pipeline::Maps;
+
+/// Errors from writing maps.
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    /// A file could not be written or renamed.
+    #[error("{path}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Another process is writing the output folder.
+    #[error("{dir}: output folder is in use by another hsiedge run ({}); wait for it with --wait, or choose another --out", holder(*.pid))]
+    Busy {
+        /// The folder.
+        dir: PathBuf,
+        /// The holder's pid, when it could be read.
+        pid: Option<u32>,
+    },
+    /// The output path is there but not a folder.
+    #[error("{path}: not a folder")]
+    NotAFolder {
+        /// The path.
+        path: PathBuf,
+    },
+    /// Writing the outputs would replace one of the run's inputs.
+    #[error("{output} would replace the input {input}: choose another --out")]
+    WouldReplaceInput {
+        /// The input file.
+        input: PathBuf,
+        /// The output in its way.
+        output: PathBuf,
+    },
+    /// The PNG encoder failed.
+    #[error("{path}: PNG encoding failed: {message}")]
+    Png {
+        /// The file.
+        path: PathBuf,
+        /// The encoder's message.
+        message: String,
+    },
+}
+
+mod lock;
+mod quicklook;
+mod set;
+
+pub use lock::{Contention, LOCK_NAME, OutputDir};
+pub use quicklook::quicklook_png;
+pub use set::{CURRENT, Retired, SET_PREFIX, Staged, check_inputs_spared};
+
+/// Every file name a job's output set may hold.
+pub const SET_NAMES: &[&str] = &[
+    "class_map.hdr",
+    "class_map.img",
+    "confidence.hdr",
+    "confidence.img",
+    "abundance.hdr",
+    "abundance.img",
+    "scores.hdr",
+    "scores.img",
+    "quicklook.png",
+    "summary.json",
+];
+
+/// The header field and PNG text key that carry a set's run id.
+pub const RUN_ID_KEY: &str = "hsiedge run id";
+
+fn holder(pid: Option<u32>) -> String {
+    pid.map_or_else(|| "pid unknown".to_string(), |p| format!("pid {p}"))
+}
+
+/// Header fields of the input scene worth carrying into its maps.
+fn georef(from: &Header, to: &mut Header) {
+    to.map_info.clone_from(&from.map_info);
+    to.coordinate_system.clone_from(&from.coordinate_system);
+}
+
+/// What the headers of a run's maps describe, known before the run starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MapShape {
+    /// Scene lines.
+    pub lines: usize,
+    /// Scene samples.
+    pub samples: usize,
+    /// Output channels.
+    pub channels: usize,
+    /// Whether every channel is written (the abundance or score map).
+    pub scores: bool,
+}
+
+impl MapShape {
+    /// The shape of `maps`.
+    pub fn of(maps: &Maps) -> Self {
+        Self {
+            lines: maps.lines,
+            samples: maps.samples,
+            channels: maps.channels,
+            scores: maps.scores.is_some(),
+        }
+    }
+}
+
+/// The ENVI classification header of a `samples` x `lines` class map from `manifest` (class ids
+/// index the name list).
+pub fn class_header(samples: usize, lines: usize, manifest: &Manifest, scene: &Header) -> Header {
+    let max_id = manifest.outputs.iter().map(|o| o.id).max().unwrap_or(0) as usize;
+    let mut names: Vec<String> = (0..=max_id).map(|i| format!("unused_{i}")).collect();
+    let mut colors = vec![[0u8, 0, 0]; max_id + 1];
+    names[0] = "Unclassified".into();
+    for (k, o) in manifest.outputs.iter().enumerate() {
+        names[o.id as usize] = o.name.replace(',', ";");
+        colors[o.id as usize] = manifest.color(k);
+    }
+    let mut h = Header::new(samples, lines, 1, DataType::U8, Interleave::Bsq);
+    h.file_type = Some("ENVI Classification".into());
+    h.description = Some(format!("hsiedge class map, model {}", manifest.name));
+    h.classes = Some(max_id + 1);
+    h.class_names = names;
+    h.class_lookup = colors;
+    h.band_names = vec!["class".into()];
+    georef(scene, &mut h);
+    h
+}
+
+/// Paths of a written map set.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Written {
+    /// Class map (ENVI classification, `.img`; header beside it).
+    pub class_map: Option<PathBuf>,
+    /// Confidence map (ENVI float32).
+    pub confidence_map: Option<PathBuf>,
+    /// Abundance or score map (ENVI float32, one band per output).
+    pub scores_map: Option<PathBuf>,
+    /// PNG quick-look.
+    pub quicklook: PathBuf,
+}
+
+fn scores_name(manifest: &Manifest) -> &'static str {
+    if manifest.task == Task::Abundance {
+        "abundance"
+    } else {
+        "scores"
+    }
+}
+
+/// Stages the ENVI headers of a run's maps, which depend only on its shape: a job stages them
+/// while the run is in flight, so only the data is left for after the last batch.
+pub fn stage_headers(
+    staged: &mut Staged,
+    shape: MapShape,
+    manifest: &Manifest,
+    scene: &Header,
+) -> Result<(), MapError> {
+    if manifest.task == Task::Classification {
+        let mut h = class_header(shape.samples, shape.lines, manifest, scene);
+        stamp(staged, &mut h);
+        staged.add("class_map.hdr", h.to_text().as_bytes())?;
+        let mut h = Header::new(shape.samples, shape.lines, 1, DataType::F32, Interleave::Bsq);
+        h.description = Some(format!("hsiedge confidence (softmax maximum), model {}", manifest.name));
+        h.band_names = vec!["confidence".into()];
+        georef(scene, &mut h);
+        stamp(staged, &mut h);
+        staged.add("confidence.hdr", h.to_text().as_bytes())?;
+    }
+    if shape.scores {
+        let mut h = Header::new(
+            shape.samples,
+            shape.lines,
+            shape.channels,
+            DataType::F32,
+            Interleave::Bsq,
+        );
+        let what = if manifest.task == Task::Abundance {
+            "abundances"
+        } else {
+            "scores"
+        };
+        h.description = Some(format!("hsiedge {what}, model {}", manifest.name));
+        h.band_names = manifest.outputs.iter().map(|o| o.name.replace(',', ";")).collect();
+        georef(scene, &mut h);
+        stamp(staged, &mut h);
+        staged.add(&format!("{}.hdr", scores_name(manifest)), h.to_text().as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Writes the set's run id into a header, so a reader can tell that every file came from one run.
+fn stamp(staged: &Staged, h: &mut Header) {
+    h.extra.push((RUN_ID_KEY.into(), staged.run_id().into()));
+}
+
+/// Reserves the files [`stage_maps`] writes for maps of `shape`, in the order it writes them.
+pub fn reserve_maps(staged: &mut Staged, shape: MapShape, manifest: &Manifest) -> Result<(), MapError> {
+    if manifest.task == Task::Classification {
+        staged.reserve("class_map.img")?;
+        staged.reserve("confidence.img")?;
+    }
+    if shape.scores {
+        staged.reserve(&format!("{}.img", scores_name(manifest)))?;
+    }
+    staged.reserve("quicklook.png")?;
+    Ok(())
+}
+
+/// Stages the data of a run's maps (class and confidence maps for classification, the abundance
+/// or score map when kept) and the quick-look; their headers come from [`stage_headers`].
+pub fn stage_maps(staged: &mut Staged, maps: &Maps, manifest: &Manifest) -> Result<Written, MapError> {
+    let mut w = Written::default();
+    if manifest.task == Task::Classification {
+        w.class_map = Some(staged.add("class_map.img", &maps.class_ids)?);
+        w.confidence_map = Some(staged.add("confidence.img", &encode_f32(&maps.confidence))?);
+    }
+    if let Some(scores) = &maps.scores {
+        w.scores_map = Some(staged.add(&format!("{}.img", scores_name(manifest)), &encode_f32(scores))?);
+    }
+    let png = quicklook_png(maps, manifest, staged.run_id()).map_err(|message| MapError::Png {
+        path: staged.dir().join("quicklook.png"),
+        message,
+    })?;
+    w.quicklook = staged.add("quicklook.png", &png)?;
+    Ok(w)
+}

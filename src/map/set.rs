@@ -1,0 +1,658 @@
+//! An output set, switched into place as a whole.
+//!
+//! Layout of an output folder `OUT`:
+//!
+//! ```text
+//! OUT/.hsiedge.lock             the writer's lock (lock.rs)
+//! OUT/.set-<run id>/            one complete set: class_map.hdr, class_map.img, ..., summary.json
+//! OUT/current -> .set-<run id>  the set in force: the one symbolic link a commit replaces
+//! OUT/class_map.hdr -> current/class_map.hdr, ...   a stable link per file name of the set
+//! ```
+//!
+//! A set is written into a hidden folder of its own, synced, and made current by renaming one
+//! new symbolic link over `current`: every instant shows exactly one complete set, whatever kills
+//! the writer. The stable per-name links let readers open `OUT/class_map.hdr` as before; a reader
+//! that must see one set throughout resolves `OUT/current` once and reads inside it.
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::MapError;
+use super::lock::{LOCK_NAME, OutputDir};
+
+/// The link naming the set in force.
+pub const CURRENT: &str = "current";
+/// Prefix of the folder holding each set.
+pub const SET_PREFIX: &str = ".set-";
+
+/// Files of one output set, staged into a hidden folder and made current together by
+/// [`Staged::commit`]; dropping without committing removes them.
+///
+/// Each file's sync to disk starts on its own thread as soon as it is written, so the syncs
+/// overlap each other and whatever is staged after them. A file can be [reserved](Staged::reserve)
+/// before its bytes exist, so a job makes its files while the run is in flight and, after the last
+/// batch, only writes them.
+#[derive(Debug)]
+pub struct Staged {
+    out: OutputDir,
+    id: String,
+    set: PathBuf,
+    files: Vec<Entry>,
+    /// Stable links this set made that a failed commit must take back.
+    links: Vec<PathBuf>,
+    committed: bool,
+}
+
+#[derive(Debug)]
+struct Entry {
+    name: String,
+    file: std::fs::File,
+    /// `None` while reserved and not yet written.
+    sync: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Staged {
+    /// Starts a set in the locked folder `out`, first removing what killed runs left there.
+    pub fn new(out: &OutputDir) -> Result<Self, MapError> {
+        remove_leftovers(out.path());
+        let id = run_id();
+        let set = out.path().join(format!("{SET_PREFIX}{id}"));
+        step("make the set folder");
+        std::fs::create_dir(&set).map_err(|source| MapError::Io {
+            path: set.clone(),
+            source,
+        })?;
+        Ok(Self {
+            out: out.clone(),
+            id,
+            set,
+            files: Vec::new(),
+            links: Vec::new(),
+            committed: false,
+        })
+    }
+
+    /// The folder the set goes to.
+    pub fn dir(&self) -> &Path {
+        self.out.path()
+    }
+
+    /// This set's run id: unique per set, written into each file that can carry it.
+    pub fn run_id(&self) -> &str {
+        &self.id
+    }
+
+    /// Stages `bytes` as `name` (into its reserved file, when [`Staged::reserve`] made one),
+    /// starts its sync, and returns the path it will have in the output folder.
+    pub fn add(&mut self, name: &str, bytes: &[u8]) -> Result<PathBuf, MapError> {
+        let at = match self.files.iter().position(|e| e.name == name && e.sync.is_none()) {
+            Some(at) => at,
+            None => {
+                self.reserve(name)?;
+                self.files.len() - 1
+            }
+        };
+        step("write a file");
+        let e = &mut self.files[at];
+        let written = e
+            .file
+            .write_all(bytes)
+            .and_then(|()| e.file.try_clone())
+            .and_then(|file| {
+                std::thread::Builder::new()
+                    .name("hsiedge-sync".into())
+                    .spawn(move || file.sync_all())
+            });
+        match written {
+            Ok(sync) => {
+                e.sync = Some(sync);
+                Ok(self.out.path().join(name))
+            }
+            Err(source) => {
+                // Dropped, so nothing half written is ever committed or written into again.
+                let e = self.files.remove(at);
+                let _ = std::fs::remove_file(self.set.join(&e.name));
+                Err(MapError::Io {
+                    path: self.out.path().join(name),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Makes the file `name` (empty) and returns the path it will have in the output folder;
+    /// [`Staged::add`] writes it later. [`Staged::commit`] fails while a reserved file has not
+    /// been written.
+    pub fn reserve(&mut self, name: &str) -> Result<PathBuf, MapError> {
+        let path = self.out.path().join(name);
+        if name.is_empty() || name.contains('/') || name.starts_with('.') || name == CURRENT {
+            return Err(MapError::Io {
+                path,
+                source: std::io::Error::other("not a name an output set can hold"),
+            });
+        }
+        step("make a file");
+        // Created with 0666 less the umask, as other tools make files meant to be read.
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(self.set.join(name))
+            .map_err(|source| MapError::Io {
+                path: path.clone(),
+                source,
+            })?;
+        self.files.push(Entry {
+            name: name.to_string(),
+            file,
+            sync: None,
+        });
+        Ok(path)
+    }
+
+    /// Waits for every file's sync, syncs the set's folder, and makes the set current by renaming
+    /// one link over `current`; then syncs the output folder. Until that rename the set in force
+    /// stays whole, and a failure before it removes this set. The set replaced is removed when the
+    /// returned [`Retired`] is dropped or handed to [`Retired::remove_in_background`].
+    pub fn commit(mut self) -> Result<Retired, MapError> {
+        let out = self.out.path().to_path_buf();
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| MapError::Io { path, source }
+        };
+        let mut failed = None;
+        for e in &mut self.files {
+            let synced = match e.sync.take().map(|s| s.join()) {
+                Some(Ok(r)) => r,
+                Some(Err(_)) => Err(std::io::Error::other("a file sync thread panicked")),
+                None => Err(std::io::Error::other("reserved but never written")),
+            };
+            if let Err(source) = synced {
+                failed.get_or_insert(MapError::Io {
+                    path: out.join(&e.name),
+                    source,
+                });
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        sync_dir(&self.set).map_err(io(&self.set))?;
+        let old = current_set(&out);
+        // Stable links for names the folder lacks point into `current` first: they dangle, so
+        // look absent, until the switch below brings their file.
+        let mut legacy = Vec::new();
+        for e in &self.files {
+            let public = out.join(&e.name);
+            let target = Path::new(CURRENT).join(&e.name);
+            match std::fs::symlink_metadata(&public) {
+                Ok(m) if m.file_type().is_symlink() && std::fs::read_link(&public).is_ok_and(|t| t == target) => {}
+                Ok(_) => legacy.push(e.name.clone()),
+                Err(_) => {
+                    step("make a stable link");
+                    std::os::unix::fs::symlink(&target, &public).map_err(io(&public))?;
+                    self.links.push(public);
+                }
+            }
+        }
+        let switch = out.join(format!(".{CURRENT}.{}.tmp", self.id));
+        let set_name = self.set.file_name().map(PathBuf::from).unwrap_or_default();
+        step("make the new current link");
+        std::os::unix::fs::symlink(&set_name, &switch).map_err(io(&switch))?;
+        step("switch current");
+        if let Err(source) = std::fs::rename(&switch, out.join(CURRENT)) {
+            let _ = std::fs::remove_file(&switch);
+            return Err(MapError::Io {
+                path: out.join(CURRENT),
+                source,
+            });
+        }
+        self.committed = true;
+        step("sync the output folder");
+        let _ = sync_dir(&out);
+        // A folder written before sets existed holds plain files under the set's names: each is
+        // replaced by its link now, one rename each, so the names show the new set from here on.
+        for name in &legacy {
+            let public = out.join(name);
+            let tmp = out.join(format!(".link.{name}.{}.tmp", self.id));
+            step("make a link over an old file");
+            let placed = std::os::unix::fs::symlink(Path::new(CURRENT).join(name), &tmp)
+                .and_then(|()| std::fs::rename(&tmp, &public));
+            if let Err(source) = placed {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(MapError::Io { path: public, source });
+            }
+        }
+        remove_stale_links(&out, &self.files.iter().map(|e| e.name.as_str()).collect::<Vec<_>>());
+        if !legacy.is_empty() {
+            step("sync the output folder");
+            let _ = sync_dir(&out);
+        }
+        Ok(Retired {
+            dirs: old.into_iter().filter(|o| *o != self.set).collect(),
+        })
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if self.committed {
+            return;
+        }
+        // Not committed: the set in force stays, and nothing of this one is left.
+        for e in &mut self.files {
+            if let Some(s) = e.sync.take() {
+                let _ = s.join();
+            }
+        }
+        for link in &self.links {
+            let _ = std::fs::remove_file(link);
+        }
+        let _ = std::fs::remove_dir_all(&self.set);
+    }
+}
+
+/// The set a commit replaced; dropping removes it.
+#[derive(Debug)]
+#[must_use = "dropping removes the replaced set on this thread; see `remove_in_background`"]
+pub struct Retired {
+    dirs: Vec<PathBuf>,
+}
+
+impl Retired {
+    /// Removes the replaced set on a thread of its own; join the handle before the process
+    /// exits, or the hidden set may stay behind (the next run removes it). `None` when there is
+    /// nothing to remove.
+    pub fn remove_in_background(mut self) -> Option<std::thread::JoinHandle<()>> {
+        if self.dirs.is_empty() {
+            return None;
+        }
+        let retired = Retired {
+            dirs: std::mem::take(&mut self.dirs),
+        };
+        // When the thread cannot start, the closure and `retired` with it are dropped here, which
+        // removes on this thread.
+        std::thread::Builder::new()
+            .name("hsiedge-unlink".into())
+            .spawn(move || {
+                // Freeing the old files' blocks is kernel work that would otherwise take its
+                // share of the cores from the next run's intra-op threads.
+                let _ = crate::ffi::idle_thread_policy();
+                drop(retired)
+            })
+            .ok()
+    }
+}
+
+impl Drop for Retired {
+    fn drop(&mut self) {
+        for dir in self.dirs.drain(..) {
+            remove_set(&dir);
+        }
+    }
+}
+
+/// Checks that writing a set into `out` replaces none of `inputs`: none is the lock, `current`, a
+/// name the set may hold or a stable link, or lies inside a set folder (the set in force is retired
+/// by the next commit, the others are leftovers). Each input is checked both as the path given
+/// (its folder resolved) and as the file it finally names.
+pub fn check_inputs_spared(out: &OutputDir, inputs: &[PathBuf]) -> Result<(), MapError> {
+    let Ok(out_real) = out.path().canonicalize() else {
+        return Ok(());
+    };
+    for input in inputs {
+        let given = input
+            .parent()
+            .map(|p| if p.as_os_str().is_empty() { Path::new(".") } else { p })
+            .and_then(|p| p.canonicalize().ok())
+            .zip(input.file_name())
+            .map(|(dir, name)| dir.join(name));
+        for path in given.into_iter().chain(input.canonicalize().ok()) {
+            let Ok(rest) = path.strip_prefix(&out_real) else {
+                continue;
+            };
+            let mut parts = rest.components();
+            let Some(first) = parts.next().and_then(|c| c.as_os_str().to_str()) else {
+                continue;
+            };
+            let top = parts.next().is_none();
+            let ours = first.starts_with(SET_PREFIX)
+                || first == CURRENT
+                || (top
+                    && (first == LOCK_NAME
+                        || super::SET_NAMES.contains(&first)
+                        || is_stable_link(&out_real.join(first), first)));
+            if ours {
+                return Err(MapError::WouldReplaceInput {
+                    input: input.clone(),
+                    output: out
+                        .path()
+                        .join(if first.starts_with(SET_PREFIX) { CURRENT } else { first }),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The set folder `current` names, if it names one.
+fn current_set(out: &Path) -> Option<PathBuf> {
+    let target = std::fs::read_link(out.join(CURRENT)).ok()?;
+    let name = target.file_name()?.to_str()?;
+    (target.components().count() == 1 && name.starts_with(SET_PREFIX)).then(|| out.join(name))
+}
+
+/// Removes a set folder: its files, then the folder, each a step.
+fn remove_set(dir: &Path) {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            step("remove a file of an old set");
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    step("remove an old set folder");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Removes stable links of names the set in force lacks (they dangle).
+fn remove_stale_links(out: &Path, names: &[&str]) {
+    let Ok(entries) = std::fs::read_dir(out) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if names.contains(&name) || !is_stable_link(&e.path(), name) {
+            continue;
+        }
+        if !e.path().exists() {
+            step("remove a stale link");
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Whether `path` is one of our stable links (`NAME -> current/NAME`).
+fn is_stable_link(path: &Path, name: &str) -> bool {
+    std::fs::read_link(path).is_ok_and(|t| t == Path::new(CURRENT).join(name))
+}
+
+/// Removes what runs killed before their commit ended left in `out`: set folders other than the
+/// current one, half-made links, dangling stable links, and the hidden temporaries of the
+/// file-by-file layout of earlier versions. The caller holds the folder's lock, so none of it is
+/// another writer's work in progress. Never fails: what cannot be removed is never read either.
+fn remove_leftovers(out: &Path) {
+    let Ok(entries) = std::fs::read_dir(out) else {
+        return;
+    };
+    let current = current_set(out);
+    for e in entries.flatten() {
+        let path = e.path();
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name == LOCK_NAME || name == CURRENT {
+            continue;
+        }
+        let hidden_tmp = name.starts_with('.') && (name.ends_with(".tmp") || name.ends_with(".replaced"));
+        if name.starts_with(SET_PREFIX) {
+            if current.as_deref() != Some(path.as_path()) && e.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_set(&path);
+            }
+        } else if hidden_tmp && e.file_type().is_ok_and(|t| t.is_file() || t.is_symlink()) {
+            step("remove a leftover");
+            let _ = std::fs::remove_file(&path);
+        } else if is_stable_link(&path, name) && !path.exists() {
+            step("remove a stale link");
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// A run id unique on this host: seconds and nanoseconds since the epoch, the pid, and a counter.
+fn run_id() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!(
+        "{}.{:09}-{}-{}",
+        now.as_secs(),
+        now.subsec_nanos(),
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Counts a file-system step of writing a set and, when `HSIEDGE_FAILPOINT=set-step:K` names
+/// this one, kills the process before it: the crash tests walk K over every step.
+fn step(_what: &str) {
+    static KILL_AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    static DONE: AtomicU64 = AtomicU64::new(0);
+    let kill_at = KILL_AT.get_or_init(|| {
+        crate::config::HSIEDGE_FAILPOINT
+            .get()?
+            .strip_prefix("set-step:")?
+            .parse()
+            .ok()
+    });
+    if let Some(k) = *kill_at
+        && DONE.fetch_add(1, Ordering::SeqCst) + 1 == k
+    {
+        crate::ffi::kill_self();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::lock::Contention;
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    fn lock(out: &Path) -> OutputDir {
+        OutputDir::lock(out, Contention::Fail).unwrap()
+    }
+
+    #[test]
+    fn staged_files_appear_only_on_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = lock(&dir.path().join("out"));
+        let mut s = Staged::new(&out).unwrap();
+        let p = s.add("a.img", b"abc").unwrap();
+        assert!(!p.exists());
+        drop(s);
+        assert_eq!(names(out.path()), [LOCK_NAME], "nothing left on drop");
+        let mut s = Staged::new(&out).unwrap();
+        let p = s.add("a.img", b"abc").unwrap();
+        drop(s.commit().unwrap());
+        assert_eq!(std::fs::read(&p).unwrap(), b"abc");
+        assert_eq!(std::fs::read(out.path().join("current/a.img")).unwrap(), b"abc");
+    }
+
+    #[test]
+    fn files_are_made_readable_as_the_umask_allows() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let out = lock(&dir.path().join("out"));
+        let mut s = Staged::new(&out).unwrap();
+        let p = s.add("a.img", b"abc").unwrap();
+        drop(s.commit().unwrap());
+        // The umask cannot be read without setting it, so compare with a plain create.
+        let probe = dir.path().join("probe");
+        std::fs::write(&probe, b"").unwrap();
+        let want = std::fs::metadata(&probe).unwrap().permissions().mode() & 0o777;
+        assert_eq!(std::fs::metadata(&p).unwrap().permissions().mode() & 0o777, want);
+        assert_ne!(want & 0o044, 0, "the test umask lets others read");
+    }
+
+    #[test]
+    fn reserved_files_are_written_in_place_and_one_never_written_fails_the_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = lock(&dir.path().join("out"));
+        let o = out.path();
+        let mut s = Staged::new(&out).unwrap();
+        s.add("a.img", b"old a").unwrap();
+        drop(s.commit().unwrap());
+        let mut s = Staged::new(&out).unwrap();
+        s.reserve("a.img").unwrap();
+        s.reserve("b.img").unwrap();
+        s.add("b.img", b"new b").unwrap();
+        s.add("a.img", b"new a").unwrap();
+        drop(s.commit().unwrap());
+        assert_eq!(std::fs::read(o.join("a.img")).unwrap(), b"new a");
+        assert_eq!(std::fs::read(o.join("b.img")).unwrap(), b"new b");
+        let mut s = Staged::new(&out).unwrap();
+        s.reserve("a.img").unwrap();
+        s.reserve("c.img").unwrap();
+        s.add("a.img", b"newer a").unwrap();
+        let e = s.commit().unwrap_err();
+        assert!(e.to_string().contains("c.img"), "{e}");
+        assert!(format!("{e:?}").contains("reserved but never written"), "{e:?}");
+        assert_eq!(
+            std::fs::read(o.join("a.img")).unwrap(),
+            b"new a",
+            "the old set stays whole"
+        );
+        let sets: Vec<String> = names(o).into_iter().filter(|n| n.starts_with(SET_PREFIX)).collect();
+        assert_eq!(sets.len(), 1, "only the current set: {sets:?}");
+        assert_eq!(names(o), [LOCK_NAME, sets[0].as_str(), "a.img", "b.img", CURRENT]);
+    }
+
+    #[test]
+    fn a_new_set_replaces_the_old_whole_and_names_it_lacks_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = lock(&dir.path().join("out"));
+        let o = out.path();
+        let mut s = Staged::new(&out).unwrap();
+        s.add("a.img", b"old a").unwrap();
+        s.add("b.img", b"old b").unwrap();
+        drop(s.commit().unwrap());
+        let old = std::fs::read_link(o.join(CURRENT)).unwrap();
+
+        // Abandoned: the old set is untouched and nothing of the new one is left.
+        let mut s = Staged::new(&out).unwrap();
+        s.add("a.img", b"new a").unwrap();
+        s.add("c.img", b"new c").unwrap();
+        drop(s);
+        assert_eq!(names(o), [LOCK_NAME, old.to_str().unwrap(), "a.img", "b.img", CURRENT]);
+        assert_eq!(std::fs::read(o.join("a.img")).unwrap(), b"old a");
+
+        // Committed: every name shows the new set, b.img (not in it) is gone, and the old set
+        // stays readable until it is retired.
+        let mut s = Staged::new(&out).unwrap();
+        s.add("a.img", b"new a").unwrap();
+        s.add("c.img", b"new c").unwrap();
+        let retired = s.commit().unwrap();
+        assert_eq!(std::fs::read(o.join("a.img")).unwrap(), b"new a");
+        assert_eq!(std::fs::read(o.join("c.img")).unwrap(), b"new c");
+        assert!(!o.join("b.img").exists() && std::fs::symlink_metadata(o.join("b.img")).is_err());
+        assert_eq!(std::fs::read(o.join(&old).join("b.img")).unwrap(), b"old b");
+        retired.remove_in_background().unwrap().join().unwrap();
+        let new = std::fs::read_link(o.join(CURRENT)).unwrap();
+        assert_eq!(names(o), [LOCK_NAME, new.to_str().unwrap(), "a.img", "c.img", CURRENT]);
+    }
+
+    #[test]
+    fn leftovers_of_killed_runs_are_removed_and_never_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = lock(&dir.path().join("out"));
+        let o = out.path();
+        let mut s = Staged::new(&out).unwrap();
+        s.add("a.img", b"a").unwrap();
+        drop(s.commit().unwrap());
+        let set = std::fs::read_link(o.join(CURRENT)).unwrap();
+        // What kills at each step can leave: a whole set never switched to, a half-made switch,
+        // a dangling stable link, and the hidden files of the old file-by-file layout.
+        std::fs::create_dir(o.join(".set-1-2-3")).unwrap();
+        std::fs::write(o.join(".set-1-2-3/a.img"), b"never current").unwrap();
+        std::os::unix::fs::symlink(".set-1-2-3", o.join(".current.1-2-3.tmp")).unwrap();
+        std::os::unix::fs::symlink("current/z.img", o.join("z.img")).unwrap();
+        std::fs::write(o.join(".a.img.x1.tmp"), b"").unwrap();
+        std::fs::write(o.join(".a.img.7-0.replaced"), b"").unwrap();
+        std::fs::write(o.join("user.txt"), b"not ours").unwrap();
+        assert_eq!(std::fs::read(o.join("a.img")).unwrap(), b"a");
+        let s = Staged::new(&out).unwrap();
+        let mut left = names(o);
+        left.retain(|n| *n != s.set.file_name().unwrap().to_str().unwrap());
+        assert_eq!(left, [LOCK_NAME, set.to_str().unwrap(), "a.img", CURRENT, "user.txt"]);
+    }
+
+    #[test]
+    fn plain_files_of_the_old_layout_become_links_after_the_switch() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = lock(&dir.path().join("out"));
+        let o = out.path();
+        std::fs::write(o.join("a.img"), b"old plain a").unwrap();
+        let mut s = Staged::new(&out).unwrap();
+        s.add("a.img", b"new a").unwrap();
+        drop(s.commit().unwrap());
+        assert!(
+            std::fs::symlink_metadata(o.join("a.img"))
+                .unwrap()
+                .file_type()
+                .is_symlink()
+        );
+        assert_eq!(std::fs::read(o.join("a.img")).unwrap(), b"new a");
+    }
+
+    #[test]
+    fn a_current_that_cannot_be_replaced_fails_the_commit_and_keeps_the_folder_as_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = lock(&dir.path().join("out"));
+        let o = out.path();
+        std::fs::create_dir_all(o.join("current/x")).unwrap();
+        let mut s = Staged::new(&out).unwrap();
+        s.add("a.img", b"a").unwrap();
+        let err = s.commit().unwrap_err();
+        assert!(err.to_string().contains("current"), "{err}");
+        assert_eq!(names(o), [LOCK_NAME, CURRENT]);
+    }
+
+    #[test]
+    fn inputs_in_the_way_of_the_set_are_named_and_others_pass() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = lock(&dir.path().join("out"));
+        let o = out.path();
+        let mut s = Staged::new(&out).unwrap();
+        s.add("scene.img", b"x").unwrap();
+        drop(s.commit().unwrap());
+        std::fs::write(o.join("class_map.img"), b"a scene named like a map").unwrap();
+        std::fs::write(o.join("mine.hdr"), b"").unwrap();
+        std::fs::write(dir.path().join("elsewhere.hdr"), b"").unwrap();
+        std::os::unix::fs::symlink("out/class_map.img", dir.path().join("alias.img")).unwrap();
+        let refused = |p: PathBuf| {
+            let err = check_inputs_spared(&out, std::slice::from_ref(&p)).unwrap_err();
+            assert!(matches!(err, MapError::WouldReplaceInput { .. }), "{p:?}: {err}");
+            assert!(err.to_string().contains(&p.display().to_string()), "{err}");
+        };
+        refused(o.join("class_map.img"));
+        refused(dir.path().join("alias.img"));
+        // Inside the set in force (through the stable link, `current` or the set folder).
+        refused(o.join("scene.img"));
+        refused(o.join("current/scene.img"));
+        refused(o.join(std::fs::read_link(o.join(CURRENT)).unwrap()).join("scene.img"));
+        refused(o.join(LOCK_NAME));
+        check_inputs_spared(&out, &[o.join("mine.hdr"), dir.path().join("elsewhere.hdr")]).unwrap();
+    }
+
+    #[test]
+    fn names_that_would_escape_or_shadow_the_set_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = lock(&dir.path().join("out"));
+        let mut s = Staged::new(&out).unwrap();
+        for bad in ["", "../x", "a/b", ".hidden", CURRENT] {
+            assert!(s.reserve(bad).is_err(), "{bad:?}");
+        }
+    }
+}
