@@ -317,6 +317,9 @@ impl Job {
         let t0 = Instant::now();
         let manifest = Manifest::load(&spec.manifest)?;
         let cube = Cube::open(&spec.scene)?;
+        for w in cube.warnings() {
+            eprintln!("hsiedge: warning: {w}");
+        }
         let mode = match spec.mode {
             ModeChoice::Fixed(m) => m,
             ModeChoice::Auto if manifest.files.dense.is_some() => Mode::Dense,
