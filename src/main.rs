@@ -600,7 +600,10 @@ fn inspect(file: &std::path::Path) -> Result<()> {
             serde_json::to_string_pretty(&m).context("serialising the manifest")?
         );
     } else {
-        let h = hsiedge::cube::Header::read(&hsiedge::cube::header_path_for(file))?;
+        let (h, warnings) = hsiedge::cube::Header::read_with_warnings(&hsiedge::cube::header_path_for(file))?;
+        for w in warnings {
+            eprintln!("hsiedge: warning: {w}");
+        }
         println!(
             "{}",
             serde_json::to_string_pretty(&h).context("serialising the header")?

@@ -1,9 +1,11 @@
 //! ENVI header (`.hdr`) parsing and formatting.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::CubeError;
+use super::fields::{Draft, KNOWN_KEYS, TEXT_KEYS, field_error, shorten};
+use super::{CubeError, files, lex};
 
 /// Sample storage types of ENVI `data type` codes that hsiedge reads and writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -73,7 +75,7 @@ pub enum Interleave {
 }
 
 impl Interleave {
-    fn parse(s: &str) -> Option<Self> {
+    pub(super) fn parse(s: &str) -> Option<Self> {
         match s.to_ascii_lowercase().as_str() {
             "bsq" => Some(Self::Bsq),
             "bil" => Some(Self::Bil),
@@ -147,28 +149,6 @@ pub struct Header {
     pub extra: Vec<(String, String)>,
 }
 
-/// The fields [`Header::parse`] interprets; each may appear once.
-const KNOWN_KEYS: &[&str] = &[
-    "samples",
-    "lines",
-    "bands",
-    "header offset",
-    "data type",
-    "interleave",
-    "byte order",
-    "file type",
-    "description",
-    "wavelength",
-    "wavelength units",
-    "fwhm",
-    "band names",
-    "map info",
-    "coordinate system string",
-    "classes",
-    "class names",
-    "class lookup",
-];
-
 impl Header {
     /// A header for a new file with the given geometry, every optional field empty.
     pub fn new(samples: usize, lines: usize, bands: usize, data_type: DataType, interleave: Interleave) -> Self {
@@ -204,144 +184,93 @@ impl Header {
     }
 
     /// Parses header text; `path` only names the file in errors.
+    ///
+    /// Text that is already UTF-8 gives no warnings: see [`Header::parse_bytes`].
     pub fn parse(text: &str, path: &Path) -> Result<Self, CubeError> {
-        let err = |field: &str, message: String| CubeError::Header {
-            path: path.to_path_buf(),
-            field: field.to_string(),
-            message,
-        };
-        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-        let mut rest = text.trim_start();
-        if !rest.starts_with("ENVI") {
-            return Err(err("magic", "the first line is not `ENVI`".into()));
-        }
-        rest = &rest[4..];
-        let pairs = split_pairs(rest).map_err(|(key, message)| err(&key, message))?;
-
-        let mut samples = None;
-        let mut lines = None;
-        let mut bands = None;
-        let mut data_type = None;
-        let mut h = Header::new(0, 0, 0, DataType::U8, Interleave::Bsq);
-        h.file_type = None;
-        let mut interleave = None;
-        let mut seen = std::collections::HashSet::new();
-        for (key, value) in pairs {
-            // A field given twice is ambiguous (which one the writer meant is unknown); other
-            // keys are passed through as they come.
-            if KNOWN_KEYS.contains(&key.as_str()) && !seen.insert(key.clone()) {
-                return Err(err(&key, "given twice".into()));
-            }
-            let int = |v: &str| -> Result<usize, CubeError> {
-                v.trim()
-                    .parse::<usize>()
-                    .map_err(|_| err(&key, format!("`{}` is not a non-negative integer", v.trim())))
-            };
-            match key.as_str() {
-                "samples" => samples = Some(int(&value)?),
-                "lines" => lines = Some(int(&value)?),
-                "bands" => bands = Some(int(&value)?),
-                "header offset" => h.header_offset = int(&value)?,
-                "data type" => {
-                    let code = int(&value)?;
-                    data_type = Some(u32::try_from(code).ok().and_then(DataType::from_code).ok_or_else(|| {
-                        err(
-                            &key,
-                            format!("unsupported data type {code} (supported: 1, 2, 3, 4, 5, 12)"),
-                        )
-                    })?);
-                }
-                "interleave" => {
-                    interleave = Some(
-                        Interleave::parse(value.trim())
-                            .ok_or_else(|| err(&key, format!("`{}` is not bsq, bil or bip", value.trim())))?,
-                    )
-                }
-                "byte order" => {
-                    h.byte_order = match int(&value)? {
-                        0 => ByteOrder::Little,
-                        1 => ByteOrder::Big,
-                        n => return Err(err(&key, format!("{n} is not 0 or 1"))),
-                    }
-                }
-                "file type" => h.file_type = Some(value.trim().to_string()),
-                "description" => h.description = Some(unbrace(&value).trim().to_string()),
-                "wavelength" => h.wavelength = parse_floats(&value).map_err(|m| err(&key, m))?,
-                "wavelength units" => h.wavelength_units = Some(value.trim().to_string()),
-                "fwhm" => h.fwhm = parse_floats(&value).map_err(|m| err(&key, m))?,
-                "band names" => h.band_names = parse_list(&value),
-                "map info" => h.map_info = Some(value.trim().to_string()),
-                "coordinate system string" => h.coordinate_system = Some(value.trim().to_string()),
-                "classes" => h.classes = Some(int(&value)?),
-                "class names" => h.class_names = parse_list(&value),
-                "class lookup" => {
-                    let v = parse_floats(&value).map_err(|m| err(&key, m))?;
-                    if v.len() % 3 != 0 {
-                        return Err(err(
-                            &key,
-                            format!("{} values is not a multiple of 3 (r, g, b)", v.len()),
-                        ));
-                    }
-                    if let Some(i) = v.iter().position(|c| !(0.0..=255.0).contains(c) || c.fract() != 0.0) {
-                        return Err(err(
-                            &key,
-                            format!("value {i} ({}) is not a whole number in 0..=255", v[i]),
-                        ));
-                    }
-                    h.class_lookup = v
-                        .chunks_exact(3)
-                        .map(|c| [c[0] as u8, c[1] as u8, c[2] as u8])
-                        .collect();
-                }
-                _ => h.extra.push((key, value.trim().to_string())),
-            }
-        }
-        h.samples = samples.ok_or_else(|| err("samples", "missing".into()))?;
-        h.lines = lines.ok_or_else(|| err("lines", "missing".into()))?;
-        h.bands = bands.ok_or_else(|| err("bands", "missing".into()))?;
-        h.data_type = data_type.ok_or_else(|| err("data type", "missing".into()))?;
-        h.interleave = interleave.ok_or_else(|| err("interleave", "missing".into()))?;
-        for (field, n) in [("samples", h.samples), ("lines", h.lines), ("bands", h.bands)] {
-            if n == 0 {
-                return Err(err(field, "must be at least 1".into()));
-            }
-        }
-        if h.data_bytes().is_none() {
-            return Err(err("samples", "samples x lines x bands overflows".into()));
-        }
-        for (field, len) in [
-            ("wavelength", h.wavelength.len()),
-            ("fwhm", h.fwhm.len()),
-            ("band names", h.band_names.len()),
-        ] {
-            if len != 0 && len != h.bands {
-                return Err(err(field, format!("{len} values for {} bands", h.bands)));
-            }
-        }
-        if let Some(classes) = h.classes {
-            if !h.class_names.is_empty() && h.class_names.len() != classes {
-                return Err(err(
-                    "class names",
-                    format!("{} names for {classes} classes", h.class_names.len()),
-                ));
-            }
-            if !h.class_lookup.is_empty() && h.class_lookup.len() != classes {
-                return Err(err(
-                    "class lookup",
-                    format!("{} colours for {classes} classes", h.class_lookup.len()),
-                ));
-            }
-        }
-        Ok(h)
+        Self::parse_bytes(text.as_bytes(), path).map(|(h, _)| h)
     }
 
-    /// Reads and parses a header file.
+    /// Parses a header file's bytes, returning the header and warnings about what was tolerated;
+    /// `path` only names the file in errors and warnings.
+    ///
+    /// Lines may end in LF, CRLF or CR alone. A line holding bytes that are not UTF-8 is read
+    /// lossily (U+FFFD in their place) with a warning naming the line when its field is free text
+    /// (`description`, names, units, `map info`, keys hsiedge passes through); in a field hsiedge
+    /// interprets (a number, a list of numbers, `interleave`) it is an error naming the field. A
+    /// field given twice is accepted when both values read the same, else an error naming both.
+    pub fn parse_bytes(bytes: &[u8], path: &Path) -> Result<(Self, Vec<String>), CubeError> {
+        let pairs = lex::pairs(bytes).map_err(|e| field_error(path, &e.field, e.message))?;
+        let mut warnings = Vec::new();
+        let mut draft = Draft::default();
+        // Known fields met so far: their raw value and line.
+        let mut seen: HashMap<String, (String, usize)> = HashMap::new();
+        for pair in pairs {
+            let key = pair.key.as_str();
+            let known = KNOWN_KEYS.contains(&key);
+            if let Some(&(line, column, byte)) = pair.not_utf8.first() {
+                if known && !TEXT_KEYS.contains(&key) {
+                    return Err(field_error(
+                        path,
+                        key,
+                        format!(
+                            "line {line}: byte 0x{byte:02X} at column {column} is not UTF-8 \
+                             (only free-text fields are read past such bytes)"
+                        ),
+                    ));
+                }
+                let lines: Vec<String> = pair.not_utf8.iter().map(|l| l.0.to_string()).collect();
+                warnings.push(format!(
+                    "{}: {} {}: `{key}` holds bytes that are not UTF-8 (the first: 0x{byte:02X} at \
+                     column {column}); read with U+FFFD in their place",
+                    path.display(),
+                    if lines.len() == 1 { "line" } else { "lines" },
+                    lines.join(", "),
+                ));
+            }
+            if known {
+                // A repeat that reads the same is harmless (writers that append fields repeat
+                // them); one that differs is ambiguous, since which the writer meant is unknown.
+                if let Some((first, first_line)) = seen.get(key) {
+                    let mut again = draft.clone();
+                    again.apply(&pair.key, &pair.value, path)?;
+                    if again != draft {
+                        return Err(field_error(
+                            path,
+                            key,
+                            format!(
+                                "given twice with different values: `{}` (line {first_line}) and `{}` (line {})",
+                                shorten(first),
+                                shorten(&pair.value),
+                                pair.line
+                            ),
+                        ));
+                    }
+                    continue;
+                }
+                seen.insert(pair.key.clone(), (pair.value.clone(), pair.line));
+            }
+            draft.apply(&pair.key, &pair.value, path)?;
+        }
+        draft.finish(path).map(|h| (h, warnings))
+    }
+
+    /// Reads and parses a header file, dropping warnings (see [`Header::read_with_warnings`]).
     pub fn read(path: &Path) -> Result<Self, CubeError> {
-        let text = std::fs::read_to_string(path).map_err(|source| CubeError::Io {
+        Self::read_with_warnings(path).map(|(h, _)| h)
+    }
+
+    /// Reads and parses a header file, returning the warnings of [`Header::parse_bytes`] with it.
+    ///
+    /// A path that is a FIFO, a device or a directory is refused as such before it is opened (a
+    /// FIFO would block the read).
+    pub fn read_with_warnings(path: &Path) -> Result<(Self, Vec<String>), CubeError> {
+        let (mut file, len) = files::open_regular(path, "header file")?;
+        let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(0).min(1 << 20));
+        std::io::Read::read_to_end(&mut file, &mut bytes).map_err(|source| CubeError::Io {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::parse(&text, path)
+        Self::parse_bytes(&bytes, path)
     }
 
     /// Formats the header as ENVI text.
@@ -407,97 +336,6 @@ impl Header {
     }
 }
 
-/// Splits `key = value` pairs; a `{` opens a value that runs to the matching `}` across lines.
-fn split_pairs(text: &str) -> Result<Vec<(String, String)>, (String, String)> {
-    let mut pairs = Vec::new();
-    let mut lines = text.lines().peekable();
-    while let Some(line) = lines.next() {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with(';') {
-            continue;
-        }
-        let Some((key, value)) = line.split_once('=') else {
-            return Err((line.to_string(), "expected `key = value`".into()));
-        };
-        let key = key
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .join(" ")
-            .to_ascii_lowercase();
-        let mut value = value.trim().to_string();
-        if value.starts_with('{') {
-            let mut depth = brace_depth(&value);
-            while depth > 0 {
-                let Some(next) = lines.next() else {
-                    return Err((key, "`{` is never closed".into()));
-                };
-                value.push('\n');
-                value.push_str(next.trim());
-                depth = brace_depth(&value);
-            }
-        }
-        pairs.push((key, value));
-    }
-    Ok(pairs)
-}
-
-fn brace_depth(s: &str) -> i64 {
-    s.chars().fold(0, |d, c| match c {
-        '{' => d + 1,
-        '}' => d - 1,
-        _ => d,
-    })
-}
-
-fn unbrace(v: &str) -> &str {
-    let v = v.trim();
-    v.strip_prefix('{').and_then(|v| v.strip_suffix('}')).unwrap_or(v)
-}
-
-fn parse_list(v: &str) -> Vec<String> {
-    unbrace(v)
-        .split(',')
-        .map(|s| s.split_whitespace().collect::<Vec<_>>().join(" "))
-        .filter(|s| !s.is_empty())
-        .collect()
-}
-
-fn parse_floats(v: &str) -> Result<Vec<f64>, String> {
-    parse_list(v)
-        .into_iter()
-        .map(|s| s.parse::<f64>().map_err(|_| format!("`{s}` is not a number")))
-        .collect()
-}
-
-/// Finds the data file of a header: the same stem with `.img`, `.dat`, `.raw`, `.bsq`, `.bil`, `.bip` or no extension.
-pub fn data_path_for(header: &Path) -> Result<PathBuf, CubeError> {
-    let candidates: Vec<PathBuf> = ["img", "dat", "raw", "bsq", "bil", "bip", "IMG", "DAT"]
-        .iter()
-        .map(|ext| header.with_extension(ext))
-        .chain(std::iter::once(header.with_extension("")))
-        .collect();
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .ok_or_else(|| CubeError::MissingData {
-            header: header.to_path_buf(),
-            tried: candidates,
-        })
-}
-
-/// Finds the header of a path given as either the `.hdr` or the data file.
-pub fn header_path_for(path: &Path) -> PathBuf {
-    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("hdr")) {
-        return path.to_path_buf();
-    }
-    let appended = PathBuf::from(format!("{}.hdr", path.display()));
-    if appended.is_file() {
-        return appended;
-    }
-    path.with_extension("hdr")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -511,7 +349,9 @@ mod tests {
         let twice = SAMPLE.replace("bands = 2\n", "bands = 2\nSAMPLES = 4\n");
         let e = Header::parse(&twice, Path::new("t.hdr")).unwrap_err().to_string();
         assert!(
-            e.contains("t.hdr") && e.contains("samples") && e.contains("twice"),
+            e.contains(
+                "t.hdr: header field `samples`: given twice with different values: `3` (line 4) and `4` (line 7)"
+            ),
             "{e}"
         );
         for lookup in ["{0, 0, 0, 255, 300, 0}", "{0, 0, 0.5}", "{0, -1, 0}"] {
@@ -522,6 +362,103 @@ mod tests {
         let ok = format!("{SAMPLE}class lookup = {{0, 0, 0, 255, 128, 7}}\n");
         let h = Header::parse(&ok, Path::new("t.hdr")).unwrap();
         assert_eq!(h.class_lookup, vec![[0, 0, 0], [255, 128, 7]]);
+    }
+
+    #[test]
+    fn a_field_repeated_with_the_same_value_is_accepted() {
+        // The same value as the header reads it: spacing, case and number spelling aside.
+        let again = format!(
+            "{SAMPLE}samples = 3\ninterleave = bil\nwavelength = {{400.50, 5e2}}\nband names = {{a,b}}\n\
+             description = {{A test\ncube}}\n"
+        );
+        let (h, warnings) = Header::parse_bytes(again.as_bytes(), Path::new("t.hdr")).unwrap();
+        assert_eq!(h, Header::parse(SAMPLE, Path::new("t.hdr")).unwrap());
+        assert!(warnings.is_empty(), "{warnings:?}");
+        // A long list that differs is quoted cut short, both values with their lines.
+        let many = |x: f64| {
+            (0..40)
+                .map(|i| format!("{}", i as f64 + x))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let text = format!(
+            "ENVI\nsamples = 1\nlines = 1\nbands = 40\ndata type = 1\ninterleave = bsq\n\
+             fwhm = {{{}}}\nfwhm = {{{}}}\n",
+            many(0.0),
+            many(0.5)
+        );
+        let e = Header::parse(&text, Path::new("t.hdr")).unwrap_err().to_string();
+        assert!(
+            e.contains("`fwhm`: given twice with different values: `{0, 1, 2,"),
+            "{e}"
+        );
+        assert!(
+            e.contains("...` (line 7) and `{0.5, 1.5,") && e.contains("...` (line 8)"),
+            "{e}"
+        );
+        // Keys hsiedge does not interpret pass through as often as they come.
+        let h = Header::parse(&format!("{SAMPLE}sensor type = AVIRIS-NG\n"), Path::new("t.hdr")).unwrap();
+        assert_eq!(h.extra.len(), 2);
+    }
+
+    #[test]
+    fn latin1_free_text_is_read_lossily_with_a_warning_naming_file_and_line() {
+        let bytes = b"ENVI\r\ndescription = {Caf\xE9 cr\xE8me}\r\nsamples = 3\r\nlines = 2\r\nbands = 2\r\n\
+            data type = 12\r\ninterleave = bil\r\nsensor = Fran\xE7ais\r\nband names = {a,\r\n b\xB2}\r\n";
+        let (h, w) = Header::parse_bytes(bytes, Path::new("dir/t.hdr")).unwrap();
+        assert_eq!(h.description.as_deref(), Some("Caf\u{FFFD} cr\u{FFFD}me"));
+        assert_eq!(h.extra, vec![("sensor".to_string(), "Fran\u{FFFD}ais".to_string())]);
+        assert_eq!(h.band_names, vec!["a", "b\u{FFFD}"]);
+        assert_eq!((h.samples, h.lines, h.bands), (3, 2, 2));
+        assert_eq!(w.len(), 3, "{w:?}");
+        assert_eq!(
+            w[0],
+            "dir/t.hdr: line 2: `description` holds bytes that are not UTF-8 (the first: 0xE9 at \
+             column 19); read with U+FFFD in their place"
+        );
+        assert!(w[1].starts_with("dir/t.hdr: line 8: `sensor`"), "{w:?}");
+        assert!(
+            w[2].starts_with("dir/t.hdr: line 10: `band names`") && w[2].contains("0xB2"),
+            "{w:?}"
+        );
+    }
+
+    #[test]
+    fn a_byte_that_is_not_utf8_in_an_interpreted_field_is_an_error_naming_it() {
+        let base = "ENVI\nsamples = 3\nlines = 2\nbands = 2\ndata type = 12\ninterleave = bil\nwavelength = {1, 2}\n";
+        let cases: [(&str, &[u8], usize); 4] = [
+            ("samples", b"samples = 3\xB9\n", 7),
+            ("interleave", b"interleave = b\xEDl\n", 7),
+            ("wavelength", b"wavelength = {400.5,\n 500\xB5}\n", 8),
+            ("data type", b"data type = \xA012\n", 7),
+        ];
+        for (field, line, at) in cases {
+            let mut bytes: Vec<u8> = base
+                .lines()
+                .filter(|l| !l.starts_with(field))
+                .flat_map(|l| format!("{l}\n").into_bytes())
+                .collect();
+            bytes.extend_from_slice(line);
+            match Header::parse_bytes(&bytes, Path::new("bad.hdr")) {
+                Err(CubeError::Header { field: f, message, .. }) => {
+                    assert_eq!(f, field);
+                    assert!(
+                        message.starts_with(&format!("line {at}: byte 0x")) && message.contains("is not UTF-8"),
+                        "{message}"
+                    );
+                }
+                other => panic!("{field}: expected a header error, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn cr_only_and_crlf_headers_read_as_lf_ones() {
+        let lf = Header::parse(SAMPLE, Path::new("t.hdr")).unwrap();
+        for ending in ["\r", "\r\n"] {
+            let h = Header::parse(&SAMPLE.replace('\n', ending), Path::new("t.hdr")).unwrap();
+            assert_eq!(h, lf, "{ending:?}");
+        }
     }
 
     #[test]

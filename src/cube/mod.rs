@@ -2,14 +2,19 @@
 //!
 //! A [`Cube`] maps its data file read-only after checking the file's size against the header, and
 //! decodes one line at a time into `f32` in band-major order (`bands x samples`), whatever the
-//! file's interleave, data type and byte order.
+//! file's interleave, data type and byte order. Headers and data files as other tools write them
+//! (any line ending, Latin-1 free text, repeated fields, trailing data) are read, with warnings
+//! ([`Cube::warnings`]) saying what was tolerated.
 
+mod fields;
+mod files;
 mod header;
+mod lex;
 
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-pub use header::{ByteOrder, DataType, Header, Interleave, data_path_for, header_path_for};
+pub use files::{data_path_for, header_path_for};
+pub use header::{ByteOrder, DataType, Header, Interleave};
 
 /// Errors from reading or describing cubes.
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +45,17 @@ pub enum CubeError {
         /// The paths looked at.
         tried: Vec<PathBuf>,
     },
-    /// The data file is shorter or longer than the header describes.
+    /// A header or data file path is not a regular file (reading a FIFO would block).
+    #[error("{path}: is {kind}, not a {role}")]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+        /// What it is, e.g. "a directory" or "a FIFO (named pipe)".
+        kind: &'static str,
+        /// What it was meant to be: "header file" or "data file".
+        role: &'static str,
+    },
+    /// The data file is shorter than the header describes.
     #[error(
         "{path}: file is {actual} bytes but the header ({header}) describes {expected} bytes \
          (header offset + samples x lines x bands x bytes per sample)"
@@ -72,22 +87,21 @@ pub struct Cube {
     header_path: PathBuf,
     data_path: PathBuf,
     map: crate::ffi::Mapping,
+    warnings: Vec<String>,
 }
 
 impl Cube {
     /// Opens a cube from its header or data file path.
     ///
-    /// The data file's length must equal `header offset` plus the bytes the header describes;
-    /// anything else is an error before mapping. The file must not be truncated while the `Cube` is
-    /// alive (see [`crate::ffi::map_readonly`]).
+    /// The data file's length must be at least `header offset` plus the bytes the header
+    /// describes: a shorter file is an error before mapping, a longer one is read (as ENVI and
+    /// GDAL do) with a warning. A header or data path that is a directory, FIFO or device is an
+    /// error naming it as such, and is never opened. The file must not be truncated while the
+    /// `Cube` is alive (see [`crate::ffi::map_readonly`]).
     pub fn open(path: &Path) -> Result<Self, CubeError> {
         let header_path = header_path_for(path);
-        let header = Header::read(&header_path)?;
+        let (header, mut warnings) = Header::read_with_warnings(&header_path)?;
         let data_path = data_path_for(&header_path)?;
-        let io = |source| CubeError::Io {
-            path: data_path.clone(),
-            source,
-        };
         let Some(expected) = header
             .data_bytes()
             .and_then(|n| n.checked_add(header.header_offset))
@@ -106,9 +120,8 @@ impl Cube {
                 ),
             });
         };
-        let file = File::open(&data_path).map_err(io)?;
-        let actual = file.metadata().map_err(io)?.len();
-        if actual != expected {
+        let (file, actual) = files::open_regular(&data_path, "data file")?;
+        if actual < expected {
             return Err(CubeError::Size {
                 path: data_path,
                 header: header_path,
@@ -116,13 +129,32 @@ impl Cube {
                 actual,
             });
         }
-        let map = crate::ffi::map_readonly(&file).map_err(io)?;
+        if actual > expected {
+            warnings.push(format!(
+                "{}: file is {actual} bytes but the header ({}) describes {expected} bytes; the {} \
+                 bytes after them are ignored",
+                data_path.display(),
+                header_path.display(),
+                actual - expected
+            ));
+        }
+        let map = crate::ffi::map_readonly(&file).map_err(|source| CubeError::Io {
+            path: data_path.clone(),
+            source,
+        })?;
         Ok(Self {
             header,
             header_path,
             data_path,
             map,
+            warnings,
         })
+    }
+
+    /// What was tolerated in opening the cube (header lines that are not UTF-8, a data file longer
+    /// than described), one sentence each naming the file; empty for a clean cube.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
     }
 
     /// The parsed header.
@@ -469,6 +501,32 @@ mod tests {
             "{text}"
         );
         assert!(text.contains(".img") && text.contains(".hdr"), "{text}");
+    }
+
+    #[test]
+    fn a_longer_data_file_is_read_with_a_warning_naming_it_and_both_sizes() {
+        let dir = tempfile::tempdir().unwrap();
+        let hdr = write_cube(dir.path(), Interleave::Bsq, DataType::I16, ByteOrder::Big);
+        let clean = Cube::open(&hdr).unwrap();
+        assert!(clean.warnings().is_empty(), "{:?}", clean.warnings());
+        let want = clean.read_all();
+        let img = hdr.with_extension("img");
+        let mut bytes = std::fs::read(&img).unwrap();
+        let described = bytes.len();
+        bytes.extend([0x55u8; 100]);
+        std::fs::write(&img, &bytes).unwrap();
+        let cube = Cube::open(&hdr).unwrap();
+        assert_eq!(cube.read_all(), want);
+        assert_eq!(
+            cube.warnings(),
+            [format!(
+                "{}: file is {} bytes but the header ({}) describes {described} bytes; the 100 bytes \
+                 after them are ignored",
+                img.display(),
+                described + 100,
+                hdr.display()
+            )]
+        );
     }
 
     #[test]

@@ -320,6 +320,9 @@ impl Job {
         let t0 = Instant::now();
         let manifest = Manifest::load(&spec.manifest)?;
         let cube = Cube::open(&spec.scene)?;
+        for w in cube.warnings() {
+            eprintln!("hsiedge: warning: {w}");
+        }
         let mode = match spec.mode {
             ModeChoice::Fixed(m) => m,
             ModeChoice::Auto if manifest.files.dense.is_some() => Mode::Dense,
@@ -587,6 +590,9 @@ pub fn open_labels(path: &Path, lines: usize, samples: usize, task: Task) -> Res
         .into());
     }
     let cube = Cube::open(path)?;
+    for w in cube.warnings() {
+        eprintln!("hsiedge: warning: {w}");
+    }
     if cube.bands() != 1 {
         return Err(err("bands", format!("a label map has 1 band, this one {}", cube.bands())).into());
     }
