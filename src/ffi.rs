@@ -73,6 +73,19 @@ pub fn lower_thread_priority(increment: i32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Restores the default action of SIGPIPE (end the process quietly), as a command-line tool
+/// piped into `head` expects; Rust's runtime ignores it, which turns a closed pipe into a panic of
+/// the next `println!`. Call first thing in `main`; the daemon writes to sockets, and keeps the
+/// signal ignored.
+pub fn default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: installing SIG_DFL for SIGPIPE touches no memory of this process; called before any
+    // other thread exists, so no thread is inside a write that relies on the ignored signal.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 /// Moves the calling thread to the `SCHED_IDLE` policy: it runs on cores no other thread wants
 /// and yields to any thread that wakes (a high nice value still takes a share of a busy core).
 /// For housekeeping that may wait indefinitely; needs no privilege.

@@ -309,6 +309,7 @@ enum BenchCommand {
 
 fn main() -> std::process::ExitCode {
     hsiedge::ffi::pin_allocator_thresholds();
+    hsiedge::ffi::default_sigpipe();
     let cli = Cli::parse();
     if let Command::Doctor { args } = &cli.command {
         return std::process::ExitCode::from(u8::try_from(hsiedge::doctor::main(args)).unwrap_or(1));

@@ -747,3 +747,22 @@ fn a_python_baseline_that_dies_mid_benchmark_is_reported_with_its_status_and_std
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn output_piped_into_a_reader_that_stops_early_ends_quietly() {
+    // A manifest with per-class statistics prints far more than a pipe buffer holds.
+    let manifest = root().join("models/hybridsn_salinas_a/manifest.json");
+    let bin = env!("CARGO_BIN_EXE_hsiedge");
+    if std::env::var("HSIEDGE_TEST_RUNNER").is_ok_and(|r| !r.trim().is_empty()) {
+        eprintln!("skipped: the pipe test runs the native binary only");
+        return;
+    }
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(format!("'{bin}' inspect '{}' | head -c 1", manifest.display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
+    assert_eq!(out.stdout.len(), 1);
+}
