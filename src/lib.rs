@@ -18,4 +18,5 @@ pub mod map;
 pub mod model;
 pub mod pipeline;
 pub mod simulate;
+pub mod source;
 pub mod tile;

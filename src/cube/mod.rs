@@ -191,6 +191,28 @@ impl Cube {
         &self.map[self.header.header_offset..]
     }
 
+    /// Copies line `line`'s raw bytes into `out` as one line of the file's data type and byte
+    /// order, band by band (BIL) for BIL and BSQ files, pixel by pixel (BIP) for BIP files: the
+    /// line a pushbroom sensor would have sent. `line` must be below [`Cube::lines`] and `out`
+    /// exactly `bands * samples * size` long (the caller's invariants, checked in debug builds).
+    pub fn raw_line(&self, line: usize, out: &mut [u8]) {
+        let h = &self.header;
+        let (s, b, l) = (h.samples, h.bands, h.lines);
+        let n = s * b * h.data_type.size();
+        debug_assert!(line < l && out.len() == n);
+        let data = self.data();
+        match h.interleave {
+            Interleave::Bil | Interleave::Bip => out.copy_from_slice(&data[line * n..(line + 1) * n]),
+            Interleave::Bsq => {
+                let row = s * h.data_type.size();
+                for (band, o) in out.chunks_exact_mut(row).enumerate() {
+                    let start = (band * l + line) * row;
+                    o.copy_from_slice(&data[start..start + row]);
+                }
+            }
+        }
+    }
+
     /// Decodes line `line` into `out` as `bands x samples` (band-major) raw values.
     ///
     /// `line` must be below [`Cube::lines`] and `out` exactly `bands * samples` long; both are the
