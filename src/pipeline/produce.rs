@@ -1,0 +1,214 @@
+//! The producer: scene lines read, normalised and tiled into ready batches.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use super::{Batch, BufferPool, Mode, RunOptions, grid_for};
+use crate::cube::Cube;
+use crate::model::Manifest;
+use crate::tile::{WindowShape, fill_window, gather_patch};
+
+/// Builds batches for `manifest` over `cube` and hands each to `sink`; stops early when `sink`
+/// returns `false`. Runs on the calling thread.
+pub fn produce(cube: &Cube, manifest: &Manifest, opts: &RunOptions, sink: impl FnMut(Batch) -> bool) {
+    produce_with(cube, manifest, opts, &AtomicUsize::new(opts.batch), None, sink)
+}
+
+/// [`produce`], with the batch size read from `target` as each batch starts, so a governor on
+/// another thread can change it, and batch buffers taken from `pool` (see [`BufferPool`]).
+///
+/// Stops when `sink` returns `false` or the pool is closed.
+pub fn produce_with(
+    cube: &Cube,
+    manifest: &Manifest,
+    opts: &RunOptions,
+    target: &AtomicUsize,
+    pool: Option<&BufferPool>,
+    mut sink: impl FnMut(Batch) -> bool,
+) {
+    let grid = grid_for(cube, manifest, opts);
+    let bands = cube.bands();
+    let mean = &manifest.input.mean;
+    let inv_std: Vec<f32> = manifest.input.std.iter().map(|s| 1.0 / s).collect();
+    let layout = manifest.input.layout;
+    let p = manifest.patch;
+    let (wh, ww) = (grid.window_h(), grid.window_w());
+    let shape = WindowShape { bands, h: wh, w: ww };
+    let fill = |lines: &[usize], col: usize, out: &mut Vec<f32>| {
+        fill_window(cube, lines, &grid.window_samples(col), mean, &inv_std, out);
+    };
+    let mut window: Vec<f32> = match opts.mode {
+        Mode::Patch => Vec::with_capacity(bands * wh * ww),
+        Mode::Dense => Vec::new(),
+    };
+    let per_unit = match opts.mode {
+        Mode::Patch => bands * p * p,
+        Mode::Dense => bands * wh * ww,
+    };
+    let cap_now = || target.load(Ordering::Relaxed).max(1);
+    let mut cap = cap_now();
+    // The next batch's buffer is taken only when its first unit is written, after the finished
+    // batch has been handed over: by then the consumer has returned the buffer it ran before it
+    // took the queued one, so the producer never waits on the pool with a finished batch in hand.
+    // `false` when the pool has closed: the consumer is gone.
+    let start = |b: &mut Batch, cap: &mut usize| -> bool {
+        if b.data.capacity() == 0 {
+            *cap = cap_now();
+            let need = *cap * per_unit;
+            b.data = match pool {
+                Some(pool) => match pool.take(need) {
+                    Some(v) => v,
+                    None => return false,
+                },
+                None => Vec::with_capacity(need),
+            };
+            match opts.mode {
+                // Patches are written in place: a buffer back from the engine is already this long,
+                // so in a steady run no value of the batch is written twice (a new buffer, or the
+                // one that held a partial last batch, is zeroed first, once).
+                Mode::Patch => {
+                    b.data.resize(need, 0.0);
+                    b.pixels.reserve(*cap);
+                }
+                Mode::Dense => b.data.clear(),
+            }
+        }
+        true
+    };
+    let mut batch = Batch::default();
+    let finish = |b: &mut Batch| {
+        let n = match opts.mode {
+            Mode::Patch => b.pixels.len(),
+            Mode::Dense => b.tiles.len(),
+        };
+        b.shape = match opts.mode {
+            Mode::Patch => layout.shape(n, bands, p, p),
+            Mode::Dense => layout.shape(n, bands, wh, ww),
+        };
+        // A last, partial batch of patches holds only the patches written.
+        b.data.truncate(n * per_unit);
+        std::mem::take(b)
+    };
+    for row in 0..grid.rows {
+        let lines = grid.window_lines(row);
+        for col in 0..grid.cols {
+            let rect = grid.rect(row, col);
+            match opts.mode {
+                Mode::Dense => {
+                    if !start(&mut batch, &mut cap) {
+                        return;
+                    }
+                    // Appended straight to the batch: a window is megabytes, and a copy through a
+                    // scratch buffer (or zeroing first) would write it twice.
+                    fill(&lines, col, &mut batch.data);
+                    batch.tiles.push(rect);
+                    if batch.tiles.len() >= cap && !sink(finish(&mut batch)) {
+                        return;
+                    }
+                }
+                Mode::Patch => {
+                    window.clear();
+                    fill(&lines, col, &mut window);
+                    for i in 0..rect.h {
+                        for j in 0..rect.w {
+                            if !start(&mut batch, &mut cap) {
+                                return;
+                            }
+                            let at = batch.pixels.len() * per_unit;
+                            gather_patch(&window, shape, i, j, p, &mut batch.data[at..at + per_unit]);
+                            batch.pixels.push((rect.y0 + i, rect.x0 + j));
+                            if batch.pixels.len() >= cap && !sink(finish(&mut batch)) {
+                                return;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if !batch.pixels.is_empty() || !batch.tiles.is_empty() {
+        sink(finish(&mut batch));
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::buffer_limit;
+    use crate::model::Manifest;
+
+    fn manifest() -> Manifest {
+        let v = |x: f32| serde_json::to_string(&vec![x; 2]).unwrap();
+        let text = format!(
+            r#"{{"name":"t","task":"classification","input":{{"bands":2,"layout":"nchw","mean":{},"std":{}}},
+            "patch":3,"halo":1,"outputs":[{{"id":3,"name":"a"}},{{"id":9,"name":"b"}}],
+            "files":{{"patch":"p.onnx","dense":"d.onnx"}},"output_kind":"logits"}}"#,
+            v(0.0),
+            v(1.0)
+        );
+        Manifest::parse(&text, std::path::Path::new("m.json")).unwrap()
+    }
+
+    #[test]
+    fn batches_from_reused_buffers_equal_batches_from_fresh_ones() {
+        use crate::cube::{DataType, Header, Interleave};
+        let dir = tempfile::tempdir().unwrap();
+        let (lines, samples, bands) = (5usize, 6usize, 2usize);
+        let bytes: Vec<u8> = (0..lines * bands * samples)
+            .flat_map(|i| ((i * 37 % 101) as i16).to_le_bytes())
+            .collect();
+        std::fs::write(dir.path().join("c.img"), bytes).unwrap();
+        let hdr = dir.path().join("c.hdr");
+        std::fs::write(
+            &hdr,
+            Header::new(samples, lines, bands, DataType::I16, Interleave::Bil).to_text(),
+        )
+        .unwrap();
+        let cube = Cube::open(&hdr).unwrap();
+        let m = manifest();
+        for mode in [Mode::Patch, Mode::Dense] {
+            let opts = RunOptions {
+                mode,
+                batch: 4,
+                tile: 4,
+                queue: 1,
+                keep_scores: false,
+                producer_nice: 0,
+            };
+            let collect = |pool: Option<&BufferPool>| {
+                let mut got = Vec::new();
+                produce_with(&cube, &m, &opts, &AtomicUsize::new(opts.batch), pool, |b| {
+                    got.push((b.data.clone(), b.shape.clone(), b.pixels.clone(), b.tiles.clone()));
+                    if let Some(pool) = pool {
+                        pool.give(b.data);
+                    }
+                    true
+                });
+                got
+            };
+            let fresh = collect(None);
+            // Buffers back from earlier batches hold stale values, some shorter than a batch.
+            let pool = BufferPool::new(buffer_limit(&cube, &m, &opts));
+            let need =
+                opts.batch * bands * grid_for(&cube, &m, &opts).window_h() * grid_for(&cube, &m, &opts).window_w();
+            pool.reopen(2);
+            let (mut a, mut b) = (pool.take(need).unwrap(), pool.take(need).unwrap());
+            a.resize(need, f32::NAN);
+            b.resize(3, f32::NAN);
+            pool.give(a);
+            pool.give(b);
+            for _ in 0..2 {
+                let reused = collect(Some(&pool));
+                assert_eq!(reused.len(), fresh.len(), "{mode:?}");
+                for (a, b) in reused.iter().zip(&fresh) {
+                    assert_eq!(
+                        a.0.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        b.0.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{mode:?}"
+                    );
+                    assert_eq!((&a.1, &a.2, &a.3), (&b.1, &b.2, &b.3), "{mode:?}");
+                }
+            }
+        }
+    }
+}
