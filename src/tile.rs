@@ -39,6 +39,10 @@ pub struct TileRect {
     pub w: usize,
 }
 
+/// `lines` (and `rows`) of a [`TileGrid::streaming`] grid before the scene has ended: far more
+/// than any scene, so reflection never reaches a bottom border that is not there yet.
+pub const UNKNOWN_LINES: usize = usize::MAX >> 8;
+
 /// The tiling of one scene.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct TileGrid {
@@ -77,6 +81,29 @@ impl TileGrid {
             halo,
             rows,
             cols,
+        }
+    }
+
+    /// The grid of a scene whose line count is not known yet (a stream): tile rows of exactly
+    /// `tile` lines from the top, columns balanced as [`TileGrid::new`] does. `lines` and `rows`
+    /// stay [`UNKNOWN_LINES`] until [`TileGrid::with_lines`] gives the count; meanwhile tile rows
+    /// are whole and reflection reaches only the top border.
+    pub fn streaming(samples: usize, tile: usize, halo: usize) -> Self {
+        let cols = Self::new(1, samples, tile, halo);
+        Self {
+            lines: UNKNOWN_LINES,
+            tile_h: tile.max(1),
+            rows: UNKNOWN_LINES,
+            ..cols
+        }
+    }
+
+    /// This grid once the scene is known to have `lines` lines; tile sizes stay as they are.
+    pub fn with_lines(self, lines: usize) -> Self {
+        Self {
+            lines,
+            rows: lines.div_ceil(self.tile_h),
+            ..self
         }
     }
 
@@ -215,6 +242,28 @@ mod tests {
         assert_eq!(got, want);
         assert_eq!(reflect(-3, 1), 0);
         assert_eq!(reflect(2, 2), 0);
+    }
+
+    #[test]
+    fn a_streaming_grid_keeps_whole_rows_until_the_end_is_known() {
+        let g = TileGrid::streaming(17, 8, 2);
+        assert_eq!((g.tile_h, g.tile_w, g.cols), (8, 6, 3));
+        assert_eq!(
+            g.rect(5, 2),
+            TileRect {
+                row: 5,
+                col: 2,
+                y0: 40,
+                x0: 12,
+                h: 8,
+                w: 5
+            }
+        );
+        assert_eq!(g.window_lines(0), [2, 1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        let g = g.with_lines(19);
+        assert_eq!(g.rows, 3);
+        assert_eq!(g.rect(2, 0).h, 3);
+        assert_eq!(g.window_lines(2), [14, 15, 16, 17, 18, 17, 16, 15, 14, 13, 12, 11]);
     }
 
     #[test]

@@ -173,11 +173,19 @@ fn each_batch(
 ) {
     pool.reopen(pipeline::buffer_limit(cube, manifest, run));
     let target = std::sync::atomic::AtomicUsize::new(run.batch);
-    pipeline::produce_with(cube, manifest, run, &target, Some(pool), |b: Batch| {
-        let go = f(&b);
-        pool.give(b.data);
-        go
-    });
+    // A mapped scene has no source to fail.
+    let _ = pipeline::produce_with(
+        pipeline::Input::Mapped(cube),
+        manifest,
+        run,
+        &target,
+        Some(pool),
+        |b: Batch| {
+            let go = f(&b);
+            pool.give(b.data);
+            go
+        },
+    );
 }
 
 /// A Python baseline process kept alive across repetitions, so each of its repetitions runs

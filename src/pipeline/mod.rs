@@ -8,20 +8,24 @@
 
 mod pool;
 mod produce;
+mod ring;
 mod stitch;
+mod strips;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::cube::Cube;
 use crate::engine::{EngineError, Graph};
-use crate::model::{Layout, Manifest};
+use crate::model::{Layout, Manifest, Task};
 use crate::tile::{TileGrid, TileRect};
 
 pub use pool::BufferPool;
 use pool::CloseOnDrop;
-pub use produce::{produce, produce_with};
+pub use produce::{Input, StripStart, produce, produce_with};
+pub use ring::LineRing;
 pub use stitch::Stitcher;
+pub use strips::{MapsSink, RowSink, Strips};
 
 /// Errors from a pipeline run.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +78,22 @@ pub enum PipelineError {
         /// What was expected.
         expected: String,
     },
+    /// The line source failed.
+    #[error(transparent)]
+    Source(#[from] crate::source::SourceError),
+    /// A stream ended after another line count than its scene header announced.
+    #[error("scene `{scene}`: the header announced {announced} lines, the stream ended after {got}")]
+    LineCount {
+        /// The scene id.
+        scene: String,
+        /// Lines announced.
+        announced: usize,
+        /// Lines received.
+        got: usize,
+    },
+    /// The output sink failed.
+    #[error("writing the maps")]
+    Sink(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A pixel was written twice or never: an internal error, reported with its place.
     #[error("pixel (line {line}, sample {sample}) written {count} times (tile row {row}, col {col})")]
     Coverage {
@@ -128,6 +148,8 @@ pub struct Batch {
     pub pixels: Vec<(usize, usize)>,
     /// Dense mode: the tile of each sample.
     pub tiles: Vec<TileRect>,
+    /// The tile rows whose first unit is in this batch.
+    pub strips: Vec<StripStart>,
 }
 
 impl Batch {
@@ -164,6 +186,8 @@ pub struct Maps {
 /// What a run measured.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct RunStats {
+    /// Scene lines.
+    pub lines: usize,
     /// Pixels written.
     pub pixels: usize,
     /// Batches run.
@@ -225,10 +249,20 @@ pub fn grid_for(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> TileGrid
 
 /// Checks the run can start: bands match, settings in range, dense twin present for dense mode.
 pub fn check(cube: &Cube, manifest: &Manifest, opts: &RunOptions) -> Result<(), PipelineError> {
-    if cube.bands() != manifest.input.bands {
+    check_bands(cube.bands(), cube.header_path(), manifest, opts)
+}
+
+/// [`check`] for a scene of `bands` bands from `origin` (a file or a stream).
+pub fn check_bands(
+    bands: usize,
+    origin: &std::path::Path,
+    manifest: &Manifest,
+    opts: &RunOptions,
+) -> Result<(), PipelineError> {
+    if bands != manifest.input.bands {
         return Err(PipelineError::Bands {
-            cube: cube.header_path().to_path_buf(),
-            bands: cube.bands(),
+            cube: origin.to_path_buf(),
+            bands,
             manifest: manifest.path.clone(),
             expected: manifest.input.bands,
         });
@@ -267,108 +301,204 @@ pub fn run(
     opts: &RunOptions,
     pool: &BufferPool,
     progress: &mut dyn FnMut(usize),
-    mut adapt: Option<&mut dyn Adapt>,
+    adapt: Option<&mut dyn Adapt>,
 ) -> Result<(Maps, RunStats), PipelineError> {
     check(cube, manifest, opts)?;
+    let classify = manifest.task == Task::Classification;
+    let mut sink = MapsSink::new(
+        cube.samples(),
+        manifest.classes(),
+        cube.lines(),
+        classify,
+        opts.keep_scores || !classify,
+    );
+    let stats = run_with(
+        Input::Mapped(cube),
+        manifest,
+        graph,
+        opts,
+        pool,
+        progress,
+        adapt,
+        &mut sink,
+    )?;
+    Ok((sink.into_maps(), stats))
+}
+
+/// The tile grid a run over `input` starts with: balanced over the scene when its line count is
+/// known, whole tile rows from the top ([`TileGrid::streaming`]) when it is not.
+pub fn input_grid(input: &Input<'_, '_>, manifest: &Manifest, opts: &RunOptions) -> TileGrid {
+    match input {
+        Input::Mapped(cube) => grid_for(cube, manifest, opts),
+        Input::Lines(ring) => {
+            let info = ring.source().info();
+            match info.lines {
+                Some(lines) => TileGrid::new(lines, info.samples, opts.tile, manifest.halo),
+                None => TileGrid::streaming(info.samples, opts.tile, manifest.halo),
+            }
+        }
+    }
+}
+
+/// [`run`] over any [`Input`], each tile row's maps handed to `sink` as soon as the row is done:
+/// a streamed scene is never held whole. Returns what the run measured; `stats.lines` is the
+/// scene's line count.
+#[allow(clippy::too_many_arguments)]
+pub fn run_with(
+    input: Input<'_, '_>,
+    manifest: &Manifest,
+    graph: &mut Graph,
+    opts: &RunOptions,
+    pool: &BufferPool,
+    progress: &mut dyn FnMut(usize),
+    mut adapt: Option<&mut dyn Adapt>,
+    sink: &mut dyn RowSink,
+) -> Result<RunStats, PipelineError> {
+    let (bands, origin) = match &input {
+        Input::Mapped(cube) => (cube.bands(), cube.header_path().to_path_buf()),
+        Input::Lines(ring) => (ring.bands(), ring.source().info().origin.clone()),
+    };
+    check_bands(bands, &origin, manifest, opts)?;
     let start = Instant::now();
-    let grid = grid_for(cube, manifest, opts);
-    let mut stitcher = Stitcher::new(manifest, grid, opts.keep_scores);
+    let grid = input_grid(&input, manifest, opts);
+    let mut strips = Strips::new(
+        manifest,
+        grid,
+        opts.keep_scores || manifest.task != Task::Classification,
+    );
     let mut stats = RunStats {
-        tiles: grid.len(),
         tile_shape: (grid.tile_h, grid.tile_w),
         ..RunStats::default()
     };
     let target = AtomicUsize::new(opts.batch);
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
-    let (limit, need) = run_buffers(cube, manifest, opts);
+    let units = match (&input, opts.mode) {
+        (Input::Mapped(cube), Mode::Patch) => cube.lines() * cube.samples(),
+        (Input::Mapped(_), Mode::Dense) => grid.len(),
+        // A stream's length is unknown: as many buffers as a long scene holds.
+        (Input::Lines(_), _) => usize::MAX,
+    };
+    let per_unit = match opts.mode {
+        Mode::Patch => bands * manifest.patch * manifest.patch,
+        Mode::Dense => bands * grid.window_h() * grid.window_w(),
+    };
+    let (limit, need) = (
+        BufferPool::run_limit(opts.queue, units, opts.batch),
+        opts.batch.max(1) * per_unit,
+    );
     pool.reopen(limit);
     let mut inference = Duration::ZERO;
     let mut wait = Duration::ZERO;
     let mut shrunk = false;
-    let result = std::thread::scope(|scope| -> Result<(), PipelineError> {
+    let (result, produced) = std::thread::scope(|scope| {
         let target = &target;
-        scope.spawn(move || {
+        let producer = scope.spawn(move || {
             // The producer steps back so it fills the engine threads' idle gaps instead of
             // preempting them mid-operator (a preempted intra-op thread stalls the whole operator).
             if opts.producer_nice > 0 {
                 let _ = crate::ffi::lower_thread_priority(opts.producer_nice);
             }
-            produce_with(cube, manifest, opts, target, Some(pool), |b| tx.send(b).is_ok())
+            produce_with(input, manifest, opts, target, Some(pool), |b| tx.send(b).is_ok())
         });
-        // Declared after `rx`, so dropped first: on an early return the producer is released
-        // both from waiting for a buffer and from waiting for room in the queue.
-        let rx = rx;
-        let _close = CloseOnDrop(pool);
-        // The other buffers are made while the producer builds the first batch.
-        pool.fill(need);
-        loop {
-            let t0 = Instant::now();
-            let Ok(batch) = rx.recv() else { break };
-            wait += t0.elapsed();
-            let units = batch.units();
-            let per_unit = batch.data.len() / units.max(1);
-            let mut from = 0;
-            while from < units {
-                let to = (from + target.load(Ordering::Relaxed).max(1)).min(units);
-                let mut shape = batch.shape.clone();
-                shape[0] = to - from;
-                let t1 = Instant::now();
-                let (out_shape, out) =
-                    graph
-                        .run(&batch.data[from * per_unit..to * per_unit], &shape)
-                        .map_err(|source| PipelineError::Engine {
-                            batch: stats.batches,
-                            first_tile: batch
-                                .tiles
-                                .get(from)
-                                .map(|t| (t.row, t.col))
-                                .or_else(|| batch.pixels.get(from).map(|&(y, x)| (y / grid.tile_h, x / grid.tile_w)))
-                                .unwrap_or_default(),
-                            source,
-                        })?;
-                inference += t1.elapsed();
-                if stats.batches == 0 {
-                    stats.first_batch_s = start.elapsed().as_secs_f64();
-                }
-                stitcher.put_range(&batch, from..to, &out_shape, &out, graph.path())?;
-                stats.batches += 1;
-                stats.pixels += if batch.tiles.is_empty() {
-                    to - from
-                } else {
-                    batch.tiles[from..to].iter().map(|t| t.h * t.w).sum()
-                };
-                progress(stats.pixels);
-                if let Some(a) = adapt.as_deref_mut() {
-                    let now = target.load(Ordering::Relaxed);
-                    let next = a.after_batch(stats.batches as u64, now).max(1);
-                    if next != now {
-                        target.store(next, Ordering::Relaxed);
+        let result = (|| -> Result<(), PipelineError> {
+            // Declared after `rx`, so dropped first: on an early return the producer is released
+            // both from waiting for a buffer and from waiting for room in the queue.
+            let rx = rx;
+            let _close = CloseOnDrop(pool);
+            // The other buffers are made while the producer builds the first batch.
+            pool.fill(need);
+            loop {
+                let t0 = Instant::now();
+                let Ok(batch) = rx.recv() else { break };
+                wait += t0.elapsed();
+                let units = batch.units();
+                let per_unit = batch.data.len() / units.max(1);
+                let mut from = 0;
+                while from < units {
+                    let to = (from + target.load(Ordering::Relaxed).max(1)).min(units);
+                    let mut shape = batch.shape.clone();
+                    shape[0] = to - from;
+                    let t1 = Instant::now();
+                    let (out_shape, out) =
+                        graph
+                            .run(&batch.data[from * per_unit..to * per_unit], &shape)
+                            .map_err(|source| PipelineError::Engine {
+                                batch: stats.batches,
+                                first_tile: batch
+                                    .tiles
+                                    .get(from)
+                                    .map(|t| (t.row, t.col))
+                                    .or_else(|| {
+                                        batch.pixels.get(from).map(|&(y, x)| (y / grid.tile_h, x / grid.tile_w))
+                                    })
+                                    .unwrap_or_default(),
+                                source,
+                            })?;
+                    inference += t1.elapsed();
+                    if stats.batches == 0 {
+                        stats.first_batch_s = start.elapsed().as_secs_f64();
                     }
-                    if next < now {
-                        graph.shrink_arena_after_next_run();
-                        shrunk = true;
+                    strips.put_range(&batch, from..to, &out_shape, &out, graph.path(), sink)?;
+                    stats.batches += 1;
+                    stats.pixels += if batch.tiles.is_empty() {
+                        to - from
+                    } else {
+                        batch.tiles[from..to].iter().map(|t| t.h * t.w).sum()
+                    };
+                    progress(stats.pixels);
+                    if let Some(a) = adapt.as_deref_mut() {
+                        let now = target.load(Ordering::Relaxed);
+                        let next = a.after_batch(stats.batches as u64, now).max(1);
+                        if next != now {
+                            target.store(next, Ordering::Relaxed);
+                        }
+                        if next < now {
+                            graph.shrink_arena_after_next_run();
+                            shrunk = true;
+                        }
                     }
+                    from = to;
                 }
-                from = to;
+                // Given back before the next `recv`: the producer takes its next buffer only after
+                // the queue had room, so this one is free by then and no extra buffer is made.
+                pool.give(batch.data);
+                if shrunk {
+                    // Memory is being taken: the spare buffers of the old size go back to the
+                    // system now, not when the producer next looks for one.
+                    shrunk = false;
+                    pool.drop_spares();
+                }
             }
-            // Given back before the next `recv`: the producer takes its next buffer only after
-            // the queue had room, so this one is free by then and no extra buffer is made.
-            pool.give(batch.data);
-            if shrunk {
-                // Memory is being taken: the spare buffers of the old size go back to the system
-                // now, not when the producer next looks for one.
-                shrunk = false;
-                pool.drop_spares();
-            }
-        }
-        Ok(())
+            Ok(())
+        })();
+        let produced = producer.join().unwrap_or_else(|_| {
+            Err(PipelineError::Setting {
+                name: "producer",
+                message: "the tiling thread panicked".into(),
+            })
+        });
+        (result, produced)
     });
+    // The engine's error first: it explains why the producer stopped early.
     result?;
-    let maps = stitcher.finish()?;
+    let lines = produced?;
+    let done = strips.lines_done();
+    strips.finish()?;
+    if done != lines {
+        return Err(PipelineError::Coverage {
+            line: done,
+            sample: 0,
+            count: 0,
+            row: done / grid.tile_h.max(1),
+            col: 0,
+        });
+    }
+    stats.lines = lines;
+    stats.tiles = grid.with_lines(lines).len();
     stats.elapsed_s = start.elapsed().as_secs_f64();
     stats.inference_s = inference.as_secs_f64();
     stats.wait_s = wait.as_secs_f64();
-    Ok((maps, stats))
+    Ok(stats)
 }
 
 /// Runs the first `batches` batches of a run at `opts.batch` through the real pipeline (producer
@@ -390,7 +520,11 @@ pub fn probe(
         let (target, pool) = (&target, &pool);
         // The producer keeps its normal priority here, unlike in `run`: calibration measures the
         // worst case, in which the producer keeps up and every buffer is in flight.
-        scope.spawn(move || produce_with(cube, manifest, opts, target, Some(pool), |b| tx.send(b).is_ok()));
+        scope.spawn(move || {
+            produce_with(Input::Mapped(cube), manifest, opts, target, Some(pool), |b| {
+                tx.send(b).is_ok()
+            })
+        });
         let rx = rx;
         let _close = CloseOnDrop(pool);
         pool.fill(need);
@@ -410,4 +544,3 @@ pub fn probe(
         Ok(())
     })
 }
-

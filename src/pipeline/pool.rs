@@ -167,7 +167,6 @@ impl Drop for CloseOnDrop<'_> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

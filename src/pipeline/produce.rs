@@ -2,40 +2,81 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use super::{Batch, BufferPool, Mode, RunOptions, grid_for};
+use super::{Batch, BufferPool, LineRing, Mode, PipelineError, RunOptions, grid_for};
 use crate::cube::Cube;
 use crate::model::Manifest;
-use crate::tile::{WindowShape, fill_window, gather_patch};
+use crate::tile::{TileGrid, WindowShape, fill_window, gather_patch};
+
+/// Where the producer reads tile windows from.
+pub enum Input<'r, 's> {
+    /// A mapped scene: each window decoded straight from the file.
+    Mapped(&'r Cube),
+    /// A line source: lines decoded into a ring as the tile rows need them.
+    Lines(&'r mut LineRing<'s>),
+}
+
+/// A tile row whose first unit is in a batch: the stitcher makes the row's strip of maps then.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StripStart {
+    /// Tile row.
+    pub row: usize,
+    /// First scene line.
+    pub y0: usize,
+    /// Lines of the strip (the tile height, less at the scene's end).
+    pub h: usize,
+}
 
 /// Builds batches for `manifest` over `cube` and hands each to `sink`; stops early when `sink`
 /// returns `false`. Runs on the calling thread.
 pub fn produce(cube: &Cube, manifest: &Manifest, opts: &RunOptions, sink: impl FnMut(Batch) -> bool) {
-    produce_with(cube, manifest, opts, &AtomicUsize::new(opts.batch), None, sink)
+    // A mapped scene has no source to fail.
+    let _ = produce_with(
+        Input::Mapped(cube),
+        manifest,
+        opts,
+        &AtomicUsize::new(opts.batch),
+        None,
+        sink,
+    );
 }
 
-/// [`produce`], with the batch size read from `target` as each batch starts, so a governor on
-/// another thread can change it, and batch buffers taken from `pool` (see [`BufferPool`]).
+/// [`produce`] from any [`Input`], with the batch size read from `target` as each batch starts,
+/// so a governor on another thread can change it, and batch buffers taken from `pool` (see
+/// [`BufferPool`]). Returns the scene's line count.
 ///
-/// Stops when `sink` returns `false` or the pool is closed.
+/// Tile rows are built in order. From a line source, each row waits for the lines its windows
+/// read (or for the scene's end), the lines above the next row's windows are then released, and
+/// the row's last batch goes out even when not full, so a row's maps never wait for lines of the
+/// next one. Stops when `sink` returns `false` or the pool is closed.
 pub fn produce_with(
-    cube: &Cube,
+    mut input: Input<'_, '_>,
     manifest: &Manifest,
     opts: &RunOptions,
     target: &AtomicUsize,
     pool: Option<&BufferPool>,
     mut sink: impl FnMut(Batch) -> bool,
-) {
-    let grid = grid_for(cube, manifest, opts);
-    let bands = cube.bands();
+) -> Result<usize, PipelineError> {
+    let (mut grid, bands) = match &input {
+        Input::Mapped(cube) => (grid_for(cube, manifest, opts), cube.bands()),
+        Input::Lines(ring) => {
+            let info = ring.source().info();
+            let grid = match info.lines {
+                Some(lines) => TileGrid::new(lines, info.samples, opts.tile, manifest.halo),
+                None => TileGrid::streaming(info.samples, opts.tile, manifest.halo),
+            };
+            (grid, ring.bands())
+        }
+    };
+    let announced = match &input {
+        Input::Lines(ring) => ring.source().info().lines,
+        Input::Mapped(_) => None,
+    };
     let mean = &manifest.input.mean;
     let inv_std: Vec<f32> = manifest.input.std.iter().map(|s| 1.0 / s).collect();
     let layout = manifest.input.layout;
     let p = manifest.patch;
     let (wh, ww) = (grid.window_h(), grid.window_w());
     let shape = WindowShape { bands, h: wh, w: ww };
-    let fill = |lines: &[usize], col: usize, out: &mut Vec<f32>| {
-        fill_window(cube, lines, &grid.window_samples(col), mean, &inv_std, out);
-    };
     let mut window: Vec<f32> = match opts.mode {
         Mode::Patch => Vec::with_capacity(bands * wh * ww),
         Mode::Dense => Vec::new(),
@@ -88,54 +129,105 @@ pub fn produce_with(
         b.data.truncate(n * per_unit);
         std::mem::take(b)
     };
-    for row in 0..grid.rows {
+    let streamed = matches!(input, Input::Lines(_));
+    let mut row = 0;
+    loop {
+        if let Input::Lines(ring) = &mut input {
+            ring.fill_to(((row + 1) * grid.tile_h + grid.halo).min(grid.lines))
+                .map_err(PipelineError::Source)?;
+            if let Some(lines) = ring.ended()
+                && grid.lines != lines
+            {
+                if let Some(announced) = announced {
+                    return Err(PipelineError::LineCount {
+                        scene: ring.source().info().id.clone(),
+                        announced,
+                        got: lines,
+                    });
+                }
+                grid = grid.with_lines(lines);
+            }
+        }
+        if row >= grid.rows {
+            break;
+        }
         let lines = grid.window_lines(row);
+        let strip = StripStart {
+            row,
+            y0: row * grid.tile_h,
+            h: grid.rect(row, 0).h,
+        };
+        let mut strip_sent = false;
         for col in 0..grid.cols {
             let rect = grid.rect(row, col);
+            let cols = grid.window_samples(col);
+            let fill = |out: &mut Vec<f32>| match &input {
+                // Appended straight to the batch: a window is megabytes, and a copy through a
+                // scratch buffer (or zeroing first) would write it twice.
+                Input::Mapped(cube) => fill_window(cube, &lines, &cols, mean, &inv_std, out),
+                Input::Lines(ring) => {
+                    let at = out.len();
+                    out.resize(at + bands * wh * ww, 0.0);
+                    ring.fill_window(&lines, &cols, &mut out[at..]);
+                }
+            };
             match opts.mode {
                 Mode::Dense => {
                     if !start(&mut batch, &mut cap) {
-                        return;
+                        return Ok(grid.lines);
                     }
-                    // Appended straight to the batch: a window is megabytes, and a copy through a
-                    // scratch buffer (or zeroing first) would write it twice.
-                    fill(&lines, col, &mut batch.data);
+                    if !strip_sent {
+                        batch.strips.push(strip);
+                        strip_sent = true;
+                    }
+                    fill(&mut batch.data);
                     batch.tiles.push(rect);
                     if batch.tiles.len() >= cap && !sink(finish(&mut batch)) {
-                        return;
+                        return Ok(grid.lines);
                     }
                 }
                 Mode::Patch => {
                     window.clear();
-                    fill(&lines, col, &mut window);
+                    fill(&mut window);
                     for i in 0..rect.h {
                         for j in 0..rect.w {
                             if !start(&mut batch, &mut cap) {
-                                return;
+                                return Ok(grid.lines);
+                            }
+                            if !strip_sent {
+                                batch.strips.push(strip);
+                                strip_sent = true;
                             }
                             let at = batch.pixels.len() * per_unit;
                             gather_patch(&window, shape, i, j, p, &mut batch.data[at..at + per_unit]);
                             batch.pixels.push((rect.y0 + i, rect.x0 + j));
                             if batch.pixels.len() >= cap && !sink(finish(&mut batch)) {
-                                return;
+                                return Ok(grid.lines);
                             }
                         }
                     }
                 }
             }
         }
+        if let Input::Lines(ring) = &mut input {
+            ring.release_below(((row + 1) * grid.tile_h).saturating_sub(grid.halo));
+        }
+        if streamed && batch.units() > 0 && !sink(finish(&mut batch)) {
+            return Ok(grid.lines);
+        }
+        row += 1;
     }
-    if !batch.pixels.is_empty() || !batch.tiles.is_empty() {
+    if batch.units() > 0 {
         sink(finish(&mut batch));
     }
+    Ok(grid.lines)
 }
-
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipeline::buffer_limit;
     use crate::model::Manifest;
+    use crate::pipeline::buffer_limit;
 
     fn manifest() -> Manifest {
         let v = |x: f32| serde_json::to_string(&vec![x; 2]).unwrap();
@@ -177,13 +269,20 @@ mod tests {
             };
             let collect = |pool: Option<&BufferPool>| {
                 let mut got = Vec::new();
-                produce_with(&cube, &m, &opts, &AtomicUsize::new(opts.batch), pool, |b| {
-                    got.push((b.data.clone(), b.shape.clone(), b.pixels.clone(), b.tiles.clone()));
-                    if let Some(pool) = pool {
-                        pool.give(b.data);
-                    }
-                    true
-                });
+                let _ = produce_with(
+                    Input::Mapped(&cube),
+                    &m,
+                    &opts,
+                    &AtomicUsize::new(opts.batch),
+                    pool,
+                    |b| {
+                        got.push((b.data.clone(), b.shape.clone(), b.pixels.clone(), b.tiles.clone()));
+                        if let Some(pool) = pool {
+                            pool.give(b.data);
+                        }
+                        true
+                    },
+                );
                 got
             };
             let fresh = collect(None);

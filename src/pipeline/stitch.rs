@@ -8,6 +8,8 @@ use crate::tile::TileGrid;
 #[derive(Debug)]
 pub struct Stitcher {
     maps: Maps,
+    /// The scene line of the maps' first line (a strip's place in the scene).
+    y0: usize,
     written: Vec<u8>,
     task: Task,
     kind: OutputKind,
@@ -29,12 +31,18 @@ struct RowScratch {
 impl Stitcher {
     /// A stitcher for `manifest` over `grid`, its outputs poisoned (NaN confidence, class 0) until written.
     pub fn new(manifest: &Manifest, grid: TileGrid, keep_scores: bool) -> Self {
-        let n = grid.lines * grid.samples;
+        Self::strip(manifest, grid, 0, grid.lines, keep_scores)
+    }
+
+    /// A stitcher for the `h` scene lines from `y0` on (a strip of tile rows) of `grid`.
+    pub fn strip(manifest: &Manifest, grid: TileGrid, y0: usize, h: usize, keep_scores: bool) -> Self {
+        let n = h * grid.samples;
         let k = manifest.classes();
         let classify = manifest.task == Task::Classification;
         Self {
+            y0,
             maps: Maps {
-                lines: grid.lines,
+                lines: h,
                 samples: grid.samples,
                 channels: k,
                 class_ids: if classify { vec![0; n] } else { Vec::new() },
@@ -57,8 +65,8 @@ impl Stitcher {
 
     /// Writes pixel (`y`, `x`) from `k` scores read as `scores(c)`.
     pub fn put(&mut self, y: usize, x: usize, scores: impl Fn(usize) -> f32) {
-        let n = self.grid.lines * self.grid.samples;
-        let at = y * self.grid.samples + x;
+        let n = self.maps.lines * self.grid.samples;
+        let at = (y - self.y0) * self.grid.samples + x;
         self.written[at] = self.written[at].saturating_add(1);
         let k = self.maps.channels;
         let mut finite = true;
@@ -102,8 +110,8 @@ impl Stitcher {
     /// of a row contiguously), so it vectorises, where pixel by pixel each class is a strided
     /// read and each exponential a call.
     pub fn put_row<'o>(&mut self, y: usize, x0: usize, w: usize, row: impl Fn(usize) -> &'o [f32]) {
-        let n = self.grid.lines * self.grid.samples;
-        let at = y * self.grid.samples + x0;
+        let n = self.maps.lines * self.grid.samples;
+        let at = (y - self.y0) * self.grid.samples + x0;
         let k = self.maps.channels;
         for c in &mut self.written[at..at + w] {
             *c = c.saturating_add(1);
@@ -221,7 +229,7 @@ impl Stitcher {
     /// The maps, once every pixel has been written exactly once.
     pub fn finish(self) -> Result<Maps, PipelineError> {
         if let Some(at) = self.written.iter().position(|&c| c != 1) {
-            let (line, sample) = (at / self.grid.samples, at % self.grid.samples);
+            let (line, sample) = (self.y0 + at / self.grid.samples, at % self.grid.samples);
             return Err(PipelineError::Coverage {
                 line,
                 sample,
@@ -256,7 +264,6 @@ fn exp_nonpositive(x: f32) -> f32 {
     e * f32::from_bits((((n as i32) + 127) as u32) << 23)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -289,6 +296,7 @@ mod tests {
                     shape: vec![1, 2, th + 2, tw + 2],
                     pixels: vec![],
                     tiles: vec![rect],
+                    strips: vec![],
                 };
                 s.put_batch(&b, &[1, 2, th, tw], &out, std::path::Path::new("d.onnx"))
                     .unwrap();
@@ -415,4 +423,3 @@ mod tests {
         assert!((maps.confidence[0] - 2.0 / 3.0).abs() < 1e-6);
     }
 }
-
