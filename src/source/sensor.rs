@@ -314,8 +314,7 @@ pub fn simulate_sensor(opts: &SensorOptions) -> Result<SensorReport, SensorError
                 .map_err(send(format!("line {seq} of scene `{id}`")))?;
             seq += 1;
         }
-        tx.end(seq)
-            .map_err(send(format!("the end message of scene `{id}`")))?;
+        tx.end(seq).map_err(send(format!("the end message of scene `{id}`")))?;
     }
     let elapsed_s = start.elapsed().as_secs_f64();
     let sent = tx.stats();
@@ -369,7 +368,15 @@ mod tests {
         assert_eq!(p("tcp:[::1]:9").unwrap(), Addr::Tcp("[::1]:9".into()));
         assert_eq!(p("unix:/run/h.sock").unwrap(), Addr::Unix("/run/h.sock".into()));
         assert_eq!(p("unix:/run/h.sock").unwrap().to_string(), "unix:/run/h.sock");
-        for bad in ["", "unix:", "tcp:host", "host:port", ":80", "tcp:h:70000", "/run/h.sock"] {
+        for bad in [
+            "",
+            "unix:",
+            "tcp:host",
+            "host:port",
+            ":80",
+            "tcp:h:70000",
+            "/run/h.sock",
+        ] {
             let e = p(bad).unwrap_err().to_string();
             assert!(e.starts_with("address `"), "{bad}: {e}");
         }

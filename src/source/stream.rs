@@ -50,12 +50,14 @@
 //! [`SourceError`]: crate::source::SourceError
 
 mod receive;
+mod scene;
 mod send;
 mod wire;
 
 pub use receive::StreamSource;
+pub use scene::SceneHeader;
 pub use send::{Faults, SendStats, SensorStream};
-pub use wire::{Limits, SceneHeader, VERSION};
+pub use wire::{Limits, VERSION};
 
 #[cfg(test)]
 mod tests;

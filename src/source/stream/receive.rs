@@ -148,9 +148,7 @@ impl<R: Read + Send> StreamSource<R> {
                     if let Some(total) = self.info.lines
                         && seq >= total as u64
                     {
-                        return Err(self.protocol(format!(
-                            "line {seq} of a scene announced with {total} lines"
-                        )));
+                        return Err(self.protocol(format!("line {seq} of a scene announced with {total} lines")));
                     }
                     if seq < self.next {
                         self.stats.duplicates += 1;

@@ -3,7 +3,8 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 
-use super::wire::{self, SceneHeader};
+use super::scene::SceneHeader;
+use super::wire;
 
 /// Faults a [`SensorStream`] injects into every scene it sends, by line number.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -95,11 +96,6 @@ impl<W: Write> SensorStream<W> {
     /// What was sent so far.
     pub fn stats(&self) -> SendStats {
         self.stats
-    }
-
-    /// The writer.
-    pub fn get_ref(&self) -> &W {
-        &self.writer
     }
 
     /// The writer back.

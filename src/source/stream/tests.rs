@@ -2,7 +2,8 @@
 
 use std::io::Cursor;
 
-use super::wire::{self, Limits, SceneHeader};
+use super::scene::SceneHeader;
+use super::wire::{self, Limits};
 use super::{Faults, SensorStream, StreamSource};
 use crate::source::{LineSource, LineStatus, SourceError};
 
@@ -83,8 +84,9 @@ fn drain(src: &mut StreamSource<Cursor<Vec<u8>>>) -> (String, Option<String>) {
 #[test]
 fn gaps_are_filled_and_flagged_and_repeats_dropped() {
     use M::{End, L};
-    // (lines sent, what comes out, missing ranges, duplicates)
-    let cases: Vec<(Vec<M>, &str, Vec<[u64; 2]>, u64)> = vec![
+    /// Lines sent, what comes out, missing ranges, duplicates.
+    type Case = (Vec<M>, &'static str, Vec<[u64; 2]>, u64);
+    let cases: Vec<Case> = vec![
         (vec![L(0), L(1), L(2), End(3)], "RRR", vec![], 0),
         (vec![L(0), L(3), End(4)], "RMMR", vec![[1, 2]], 0),
         (vec![L(2), End(3)], "MMR", vec![[0, 1]], 0),
@@ -93,7 +95,12 @@ fn gaps_are_filled_and_flagged_and_repeats_dropped() {
         // A swapped pair: the early line leaves its predecessor missing; that one, late, is dropped.
         (vec![L(0), L(2), L(1), L(3), End(4)], "RMRR", vec![[1, 1]], 1),
         (vec![L(0), End(3)], "RMM", vec![[1, 2]], 0),
-        (vec![L(1), L(3), L(5), End(7)], "MRMRMRM", vec![[0, 0], [2, 2], [4, 4], [6, 6]], 0),
+        (
+            vec![L(1), L(3), L(5), End(7)],
+            "MRMRMRM",
+            vec![[0, 0], [2, 2], [4, 4], [6, 6]],
+            0,
+        ),
         (vec![End(0)], "", vec![], 0),
         (vec![End(2)], "MM", vec![[0, 1]], 0),
     ];
@@ -136,7 +143,11 @@ fn broken_scenes_end_the_connection_naming_peer_scene_and_last_line() {
     };
     let over = (limits.max_header_bytes + 1) as u32;
     let cases: Vec<(Vec<M>, &str, &str)> = vec![
-        (vec![L(0), L(1)], "RR", "closed before the end message (last line received: 1)"),
+        (
+            vec![L(0), L(1)],
+            "RR",
+            "closed before the end message (last line received: 1)",
+        ),
         (vec![], "", "closed before the end message (no line received)"),
         (
             vec![L(0), Raw(vec![0, 0, 0, 40, 1, 2])],
@@ -149,14 +160,30 @@ fn broken_scenes_end_the_connection_naming_peer_scene_and_last_line() {
             "R",
             "a message of 65537 bytes, more than the 65536 allowed here",
         ),
-        (vec![L(0), Raw(short_line)], "R", "line 1 has 11 bytes, not the 12 of 3 samples x 2 bands of U16"),
+        (
+            vec![L(0), Raw(short_line)],
+            "R",
+            "line 1 has 11 bytes, not the 12 of 3 samples x 2 bands of U16",
+        ),
         (vec![L(0), Raw(long_line)], "R", "line 1 has 13 bytes"),
         (vec![L(0), Raw(trailing)], "R", "1 bytes after the line message"),
         (vec![L(0), Raw(unknown)], "R", "unknown type `pause`"),
-        (vec![L(0), Scene("next")], "R", "a scene message (`next`) before this scene's end message"),
+        (
+            vec![L(0), Scene("next")],
+            "R",
+            "a scene message (`next`) before this scene's end message",
+        ),
         (vec![L(0), L(1), End(1)], "RR", "the end message says 1 lines after 2"),
-        (vec![L(0), L(12)], "R", "line 12 would leave lines 1 to 11 missing, more than the 10 allowed"),
-        (vec![L(0), End(12)], "R", "an end message of 12 lines would leave lines 1 to 11 missing"),
+        (
+            vec![L(0), L(12)],
+            "R",
+            "line 12 would leave lines 1 to 11 missing, more than the 10 allowed",
+        ),
+        (
+            vec![L(0), End(12)],
+            "R",
+            "an end message of 12 lines would leave lines 1 to 11 missing",
+        ),
         (vec![L(0), L(11), End(12)], "RMMMMMMMMMMR", ""),
     ];
     for (sent, want, err) in cases {
@@ -180,8 +207,14 @@ fn broken_scenes_end_the_connection_naming_peer_scene_and_last_line() {
 fn a_scene_that_announced_its_lines_is_held_to_them() {
     for (sent, err) in [
         (vec![M::L(0), M::L(3)], "line 3 of a scene announced with 3 lines"),
-        (vec![M::L(0), M::End(4)], "the end message says 4 lines; the scene message said 3"),
-        (vec![M::L(0), M::End(2)], "the end message says 2 lines; the scene message said 3"),
+        (
+            vec![M::L(0), M::End(4)],
+            "the end message says 4 lines; the scene message said 3",
+        ),
+        (
+            vec![M::L(0), M::End(2)],
+            "the end message says 2 lines; the scene message said 3",
+        ),
     ] {
         let mut data = Vec::new();
         wire::encode_scene(&header("s", Some(3)), &mut data);
@@ -206,17 +239,29 @@ fn a_connection_that_does_not_start_with_a_good_scene_is_refused() {
         (bad_id("../x"), "scene id `../x`: starts with `.`"),
         (bad_id("a/b"), "scene id `a/b`: holds a path separator"),
         (bad_id(".."), "scene id `..`: starts with `.`"),
-        (bytes(&[M::L(0)]), "a message of type `line` where a scene message must come first"),
+        (
+            bytes(&[M::L(0)]),
+            "a message of type `line` where a scene message must come first",
+        ),
         (bytes(&[M::End(0)]), "a message of type `end` where"),
-        (vec![0, 1, 0, 1], "a message of 65537 bytes, more than the 65536 allowed here"),
-        (vec![0, 0, 0, 2, 0xa0], "closed inside a message (5 of its 6 bytes arrived)"),
+        (
+            vec![0, 1, 0, 1],
+            "a message of 65537 bytes, more than the 65536 allowed here",
+        ),
+        (
+            vec![0, 0, 0, 2, 0xa0],
+            "closed inside a message (5 of its 6 bytes arrived)",
+        ),
         (vec![0, 0, 0, 1, 0xff], "not a stream message"),
     ];
     for (data, err) in cases {
         let e = open(data, Limits::default()).unwrap_err().to_string();
         assert!(e.contains(err), "want {err:?}, got {e}");
     }
-    assert!(open(Vec::new(), Limits::default()).unwrap().is_none(), "a clean close is no error");
+    assert!(
+        open(Vec::new(), Limits::default()).unwrap().is_none(),
+        "a clean close is no error"
+    );
 }
 
 #[test]
@@ -268,7 +313,10 @@ fn the_sender_injects_its_faults_and_the_receiver_sees_them() {
         tx.end(10).unwrap();
     }
     let s = tx.stats();
-    assert_eq!((s.scenes, s.line_messages, s.dropped, s.duplicated, s.swapped), (2, 18, 4, 2, 2));
+    assert_eq!(
+        (s.scenes, s.line_messages, s.dropped, s.duplicated, s.swapped),
+        (2, 18, 4, 2, 2)
+    );
     let mut reader = Cursor::new(tx.into_inner());
     for scene in ["a", "b"] {
         let mut src = StreamSource::open(reader, PEER, Limits::default()).unwrap().unwrap();
