@@ -212,6 +212,36 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         seed: u64,
     },
+    /// Replay a cube as a pushbroom sensor's line stream (docs/stream-protocol.md) to a receiver.
+    SimulateSensor {
+        /// The scene's ENVI header (or data file); BSQ cubes stream as BIL.
+        #[arg(long)]
+        scene: PathBuf,
+        /// Lines per second (0: as fast as the receiver takes them).
+        #[arg(long, value_name = "LINES_PER_S")]
+        rate: f64,
+        /// The receiver: tcp:HOST:PORT, unix:PATH or HOST:PORT.
+        #[arg(long, value_name = "ADDR")]
+        connect: String,
+        /// Scene id (default: the header's file stem; with --repeat N, ID-1 to ID-N).
+        #[arg(long, value_name = "ID")]
+        scene_id: Option<String>,
+        /// Model name the scene message carries.
+        #[arg(long, value_name = "NAME")]
+        model: Option<String>,
+        /// Line numbers never sent, comma-separated (fault injection).
+        #[arg(long, value_delimiter = ',', value_name = "LINES")]
+        drop: Vec<u64>,
+        /// Line numbers sent twice (fault injection).
+        #[arg(long, value_delimiter = ',', value_name = "LINES")]
+        duplicate: Vec<u64>,
+        /// Line numbers sent after their successor (fault injection).
+        #[arg(long, value_delimiter = ',', value_name = "LINES")]
+        swap: Vec<u64>,
+        /// Send the scene this many times on the connection.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+        repeat: u32,
+    },
     /// Benchmarks (medians, with ratios against baselines measured in the same run).
     Bench {
         #[command(subcommand)]
@@ -412,6 +442,42 @@ fn run(cli: Cli) -> Result<()> {
             };
             let s = hsiedge::simulate::simulate(&manifest, &opts, &out)?;
             println!("SYNTHETIC scene {} (labels {})", s.scene.display(), s.labels.display());
+            Ok(())
+        }
+        Command::SimulateSensor {
+            scene,
+            rate,
+            connect,
+            scene_id,
+            model,
+            drop,
+            duplicate,
+            swap,
+            repeat,
+        } => {
+            let opts = hsiedge::source::sensor::SensorOptions {
+                scene,
+                rate,
+                addr: connect.parse()?,
+                scene_id,
+                model,
+                faults: hsiedge::source::stream::Faults {
+                    drop: drop.into_iter().collect(),
+                    duplicate: duplicate.into_iter().collect(),
+                    swap: swap.into_iter().collect(),
+                },
+                repeat,
+                close_wait: std::time::Duration::from_secs(10),
+            };
+            let report = hsiedge::source::sensor::simulate_sensor(&opts)?;
+            eprintln!("{report}");
+            if !report.confirmed {
+                eprintln!(
+                    "hsiedge: warning: {} did not close the connection within 10 s of the last scene: \
+                     delivery is not confirmed",
+                    report.addr
+                );
+            }
             Ok(())
         }
         Command::Bench {

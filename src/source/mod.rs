@@ -7,12 +7,15 @@
 //! (`pipeline::ring`), so a source never has to hold more than the line it is reading.
 
 mod file;
+pub mod sensor;
+pub mod stream;
 
 use std::path::PathBuf;
 
 use crate::cube::{ByteOrder, DataType, Header, Interleave};
 
 pub use file::FileSource;
+pub use stream::StreamSource;
 
 /// The longest scene id accepted.
 pub const MAX_SCENE_ID: usize = 128;
