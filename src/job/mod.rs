@@ -687,6 +687,8 @@ pub struct Summary {
 
 mod auto;
 mod plan;
+mod session;
 
 pub use auto::*;
 pub use plan::*;
+pub use session::{ModelSession, SceneOutcome, SessionSpec};

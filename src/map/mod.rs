@@ -41,6 +41,12 @@ pub enum MapError {
         /// The output in its way.
         output: PathBuf,
     },
+    /// A scene ended before its first line: there are no maps to write.
+    #[error("scene `{scene}` ended with no lines: nothing to write")]
+    Empty {
+        /// The scene id.
+        scene: String,
+    },
     /// The PNG encoder failed.
     #[error("{path}: PNG encoding failed: {message}")]
     Png {
@@ -53,10 +59,12 @@ pub enum MapError {
 
 mod lock;
 mod quicklook;
+mod segment;
 mod set;
 
 pub use lock::{Contention, LOCK_NAME, OutputDir};
 pub use quicklook::quicklook_png;
+pub use segment::{SegmentOptions, SegmentRecord, SegmentWriter, shift_map_info};
 pub use set::{CURRENT, Retired, SET_PREFIX, Staged, check_inputs_spared};
 
 /// Every file name a job's output set may hold.
@@ -146,7 +154,7 @@ pub struct Written {
     pub quicklook: PathBuf,
 }
 
-fn scores_name(manifest: &Manifest) -> &'static str {
+pub(crate) fn scores_name(manifest: &Manifest) -> &'static str {
     if manifest.task == Task::Abundance {
         "abundance"
     } else {

@@ -121,6 +121,23 @@ impl Staged {
         }
     }
 
+    /// Appends `bytes` to `name` (made if needed) without finishing it: a map written row by row
+    /// as a stream finishes its rows. [`Staged::add`] (with the last bytes, or none) finishes it.
+    pub fn append(&mut self, name: &str, bytes: &[u8]) -> Result<(), MapError> {
+        let at = match self.files.iter().position(|e| e.name == name && e.sync.is_none()) {
+            Some(at) => at,
+            None => {
+                self.reserve(name)?;
+                self.files.len() - 1
+            }
+        };
+        step("append to a file");
+        self.files[at].file.write_all(bytes).map_err(|source| MapError::Io {
+            path: self.out.path().join(name),
+            source,
+        })
+    }
+
     /// Makes the file `name` (empty) and returns the path it will have in the output folder;
     /// [`Staged::add`] writes it later. [`Staged::commit`] fails while a reserved file has not
     /// been written.

@@ -1,0 +1,251 @@
+//! Streamed scenes through a model session: rows written as they finish, maps byte-identical to
+//! `hsiedge classify` of the same file, whether the length is known up front or only at the end,
+//! whole or in segments.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use hsiedge::engine::EngineOptions;
+use hsiedge::job::{ModeChoice, ModelSession, SessionSpec};
+use hsiedge::map::SegmentOptions;
+use hsiedge::pipeline::Mode;
+use hsiedge::source::{FileSource, LineSource, LineStatus, SceneInfo, SourceError, SourceStats};
+
+/// A source that hides the scene's length until it ends, as a pushbroom sensor does, and can
+/// lose lines on the way.
+struct Unannounced {
+    inner: FileSource,
+    info: SceneInfo,
+    lose: Vec<usize>,
+    at: usize,
+    stats: SourceStats,
+}
+
+impl Unannounced {
+    fn new(inner: FileSource, lose: &[usize]) -> Self {
+        let info = SceneInfo {
+            lines: None,
+            ..inner.info().clone()
+        };
+        Self {
+            inner,
+            info,
+            lose: lose.to_vec(),
+            at: 0,
+            stats: SourceStats::default(),
+        }
+    }
+}
+
+impl LineSource for Unannounced {
+    fn info(&self) -> &SceneInfo {
+        &self.info
+    }
+
+    fn next_line(&mut self, line: &mut [u8]) -> Result<Option<LineStatus>, SourceError> {
+        let got = self.inner.next_line(line)?;
+        let status = got.map(|s| {
+            if self.lose.contains(&self.at) {
+                self.stats.add_missing(self.at as u64);
+                LineStatus::Missing
+            } else {
+                s
+            }
+        });
+        if status.is_some() {
+            self.at += 1;
+            self.stats.lines += 1;
+        }
+        Ok(status)
+    }
+
+    fn stats(&self) -> SourceStats {
+        self.stats.clone()
+    }
+}
+
+fn session(model: &Path, mode: Mode, batch: usize) -> ModelSession {
+    ModelSession::open(&SessionSpec {
+        manifest: model.to_path_buf(),
+        mode: ModeChoice::Fixed(mode),
+        batch: Some(batch),
+        tile: 32,
+        engine: EngineOptions {
+            threads: 1,
+            ..EngineOptions::default()
+        },
+        keep_scores: false,
+    })
+    .unwrap()
+}
+
+fn classify(scene: &Path, model: &Path, mode: &str, batch: &str, out: &Path) {
+    ok(&[
+        "classify",
+        scene.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--mode",
+        mode,
+        "--batch",
+        batch,
+        "--tile",
+        "32",
+        "--threads",
+        "1",
+    ]);
+}
+
+fn read(p: PathBuf) -> Vec<u8> {
+    std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+#[test]
+fn a_streamed_scene_gives_the_maps_classify_gives_whole_or_in_segments() {
+    let (Some(data), Some(model)) = (data(), common::model("hybridsn_salinas_a")) else {
+        return;
+    };
+    let scene = data.join("salinas_a/salinas_a.hdr");
+    let dir = tempfile::tempdir().unwrap();
+    for (mode, batch, name) in [(Mode::Dense, 2, "dense"), (Mode::Patch, 64, "patch")] {
+        let want = dir.path().join(format!("classify-{name}"));
+        classify(&scene, &model, name, &batch.to_string(), &want);
+        let mut s = session(&model, mode, batch);
+
+        // Length known up front (a file), one set.
+        let whole = dir.path().join(format!("whole-{name}"));
+        let mut src = FileSource::open(&scene, None).unwrap();
+        let out = s
+            .run_stream(
+                &mut src,
+                &whole,
+                SegmentOptions {
+                    segment_lines: 0,
+                    keep_scores: false,
+                },
+                &mut |_| {},
+            )
+            .unwrap();
+        assert_eq!(out.run.lines, 83);
+        assert_eq!(out.segments.len(), 1);
+        for f in ["class_map.img", "confidence.img"] {
+            assert_eq!(read(whole.join(f)), read(want.join(f)), "{name}: {f} of a whole stream");
+        }
+
+        // Length unknown until the end, in segments of 20 lines: the segments, one after
+        // another, are the scene's maps.
+        let segs = dir.path().join(format!("segs-{name}"));
+        let mut src = Unannounced::new(FileSource::open(&scene, None).unwrap(), &[]);
+        let out = s
+            .run_stream(
+                &mut src,
+                &segs,
+                SegmentOptions {
+                    segment_lines: 20,
+                    keep_scores: false,
+                },
+                &mut |_| {},
+            )
+            .unwrap();
+        assert_eq!(out.run.lines, 83);
+        let lines: Vec<usize> = out.segments.iter().map(|g| g.lines).collect();
+        assert_eq!(lines, [20, 20, 20, 20, 3]);
+        for f in ["class_map.img", "confidence.img"] {
+            let joined: Vec<u8> = out.segments.iter().flat_map(|g| read(g.folder.join(f))).collect();
+            assert_eq!(joined, read(want.join(f)), "{name}: {f} of the segments");
+        }
+        let last: serde_json::Value =
+            serde_json::from_slice(&read(out.segments[4].folder.join("summary.json"))).unwrap();
+        assert_eq!(last["first_line"], 80);
+        assert_eq!(last["last"], true);
+        assert_eq!(last["scene_id"], "salinas_a");
+        let hdr = String::from_utf8(read(out.segments[1].folder.join("class_map.hdr"))).unwrap();
+        assert!(hdr.contains("lines = 20"), "{hdr}");
+    }
+}
+
+#[test]
+fn a_lost_line_leaves_the_pixels_that_read_it_unclassified_and_counted() {
+    let (Some(data), Some(model)) = (data(), common::model("hybridsn_salinas_a")) else {
+        return;
+    };
+    let scene = data.join("salinas_a/salinas_a.hdr");
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = session(&model, Mode::Dense, 2);
+    let out_dir = dir.path().join("lost");
+    let mut src = Unannounced::new(FileSource::open(&scene, None).unwrap(), &[40]);
+    let out = s
+        .run_stream(
+            &mut src,
+            &out_dir,
+            SegmentOptions {
+                segment_lines: 0,
+                keep_scores: false,
+            },
+            &mut |_| {},
+        )
+        .unwrap();
+    assert_eq!(out.source.missing, vec![[40, 40]]);
+    let halo = s.manifest().halo;
+    let ids = read(out_dir.join("class_map.img"));
+    let samples = 86;
+    for (y, row) in ids.chunks(samples).enumerate() {
+        let reads_it = y.abs_diff(40) <= halo;
+        assert_eq!(row.iter().all(|&c| c == 0), reads_it, "line {y}");
+    }
+    let summary: serde_json::Value = serde_json::from_slice(&read(out_dir.join("summary.json"))).unwrap();
+    assert_eq!(summary["nonfinite_pixels"], (2 * halo + 1) * samples);
+    assert_eq!(summary["source"]["missing"], serde_json::json!([[40, 40]]));
+}
+
+#[test]
+fn a_scene_the_model_cannot_read_is_refused_before_any_file() {
+    let Some(model) = common::model("hybridsn_salinas_a") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let scene = write_cube(dir.path(), "few_bands", 5, 6, 3, |l, b, s| (l + b + s) as f32);
+    let mut s = session(&model, Mode::Dense, 1);
+    let out_dir = dir.path().join("out");
+    let mut src = FileSource::open(&scene, None).unwrap();
+    let err = s
+        .run_stream(
+            &mut src,
+            &out_dir,
+            SegmentOptions {
+                segment_lines: 0,
+                keep_scores: false,
+            },
+            &mut |_| {},
+        )
+        .unwrap_err();
+    let text = format!("{err:#}");
+    assert!(text.contains("3 bands") && text.contains("204"), "{text}");
+    assert!(!out_dir.exists());
+
+    // A scene that ends before its first line has no maps: an error, and no folder.
+    let one = write_cube(dir.path(), "one", 1, 6, 204, |_, _, _| 0.0);
+    let mut src = Unannounced::new(FileSource::open(&one, None).unwrap(), &[]);
+    let mut line = vec![0u8; src.info().line_bytes()];
+    assert!(
+        src.next_line(&mut line).unwrap().is_some(),
+        "the one line is read away first"
+    );
+    let err = s
+        .run_stream(
+            &mut src,
+            &out_dir,
+            SegmentOptions {
+                segment_lines: 0,
+                keep_scores: false,
+            },
+            &mut |_| {},
+        )
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("no lines"), "{err:#}");
+    assert!(!out_dir.exists());
+}
