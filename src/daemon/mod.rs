@@ -15,6 +15,7 @@
 //! (typed errors on every input path) and from systemd restarting it (`Restart=on-failure`), with
 //! [`outbox::recover`] moving aside what the killed process left in flight.
 
+pub mod check;
 pub mod config;
 pub mod conn;
 pub mod control;
