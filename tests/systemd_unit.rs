@@ -46,7 +46,11 @@ fn verify(unit: &Path) -> (bool, String) {
     let Some(mut c) = analyze() else {
         return (true, String::new());
     };
-    let out = c.args(["verify", "--man=no"]).arg(unit).output().expect("run systemd-analyze");
+    let out = c
+        .args(["verify", "--man=no"])
+        .arg(unit)
+        .output()
+        .expect("run systemd-analyze");
     (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
@@ -59,7 +63,9 @@ fn systemd_verifies_the_unit_without_a_warning() {
     let (ok, err) = verify(&testable_copy(dir.path(), |t| t));
     assert!(ok && err.trim().is_empty(), "systemd-analyze verify: {err}");
     // The check can fail: a misspelt directive and a missing binary are both reported.
-    let (_, err) = verify(&testable_copy(dir.path(), |t| t.replace("ProtectHome=", "ProtectHomes=")));
+    let (_, err) = verify(&testable_copy(dir.path(), |t| {
+        t.replace("ProtectHome=", "ProtectHomes=")
+    }));
     assert!(err.contains("ProtectHomes"), "{err}");
     let (ok, err) = verify(&testable_copy(dir.path(), |t| {
         t.replace(env!("CARGO_BIN_EXE_hsiedge"), "/nonexistent/hsiedge")
@@ -123,7 +129,10 @@ fn the_unit_has_what_the_service_needs() {
     assert!(directives(&text, "SystemCallFilter").contains(&"@system-service".to_string()));
     assert!(one("WatchdogSec").ends_with('s'));
     assert!(text.contains("#MemoryMax="), "the optional MemoryMax is documented");
-    assert_eq!(one("ExecStart"), "/usr/bin/hsiedge serve --config /etc/hsiedge/hsiedge.toml");
+    assert_eq!(
+        one("ExecStart"),
+        "/usr/bin/hsiedge serve --config /etc/hsiedge/hsiedge.toml"
+    );
 }
 
 #[test]
@@ -133,13 +142,20 @@ fn the_default_configuration_writes_only_where_the_unit_lets_it() {
     let state_dir = Path::new("/var/lib").join(&directives(&text, "StateDirectory")[0]);
     let runtime_dir = Path::new("/run").join(&directives(&text, "RuntimeDirectory")[0]);
     let writable: Vec<PathBuf> = directives(&text, "ReadWritePaths").iter().map(PathBuf::from).collect();
-    assert!(config.outbox.starts_with(&writable[0]), "{:?} vs {writable:?}", config.outbox);
+    assert!(
+        config.outbox.starts_with(&writable[0]),
+        "{:?} vs {writable:?}",
+        config.outbox
+    );
     assert_eq!(config.state, state_dir);
     assert!(config.control.starts_with(&runtime_dir), "{:?}", config.control);
     let unix = config.unix.expect("the example listens on a Unix socket");
     assert!(unix.starts_with(&runtime_dir), "{unix:?}");
     // The drain ends before systemd's stop timeout kills the service.
-    let stop = directives(&text, "TimeoutStopSec")[0].trim_end_matches('s').parse::<f64>().unwrap();
+    let stop = directives(&text, "TimeoutStopSec")[0]
+        .trim_end_matches('s')
+        .parse::<f64>()
+        .unwrap();
     assert!(config.intake.drain_timeout.as_secs_f64() < stop);
 }
 
@@ -159,7 +175,10 @@ fn both_debian_packages_ship_the_unit_and_the_default_configuration() {
     assert_eq!(deb["systemd-units"]["unit-scripts"].as_str(), Some("systemd/"));
     // The arm64 (jetson) variant inherits both: it overrides neither.
     for (name, variant) in deb["variants"].as_table().unwrap() {
-        assert!(variant.get("assets").is_none() && variant.get("systemd-units").is_none(), "{name}");
+        assert!(
+            variant.get("assets").is_none() && variant.get("systemd-units").is_none(),
+            "{name}"
+        );
     }
     // cargo-deb refuses to build without the token where it puts the unit's snippets.
     for script in ["postinst", "postrm"] {

@@ -65,11 +65,14 @@ pub fn checks(root: &Path, config_path: &Path) -> Vec<Check> {
             "{}: {} model(s), listening on {}",
             config_path.display(),
             c.models.len(),
-            [c.tcp.map(|a| format!("tcp {a}")), c.unix.as_ref().map(|p| format!("unix {}", p.display()))]
-                .into_iter()
-                .flatten()
-                .collect::<Vec<_>>()
-                .join(", ")
+            [
+                c.tcp.map(|a| format!("tcp {a}")),
+                c.unix.as_ref().map(|p| format!("unix {}", p.display()))
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(", ")
         ),
         Vec::new(),
     )];
@@ -77,7 +80,12 @@ pub fn checks(root: &Path, config_path: &Path) -> Vec<Check> {
         .models
         .iter()
         .filter(|(_, m)| !under(root, &m.session.manifest).is_file())
-        .map(|(name, m)| format!("models.{name}.manifest: {} does not exist", m.session.manifest.display()))
+        .map(|(name, m)| {
+            format!(
+                "models.{name}.manifest: {} does not exist",
+                m.session.manifest.display()
+            )
+        })
         .collect();
     out.push(if missing.is_empty() {
         check(
@@ -118,7 +126,10 @@ fn folder_status(root: &Path, dir: &Path, uid: u32, owner: &str, runtime: bool) 
             if mode & 0o002 != 0 {
                 (
                     Status::Fail,
-                    format!("{} (mode {mode:04o}) is writable by every user: chmod o-w", dir.display()),
+                    format!(
+                        "{} (mode {mode:04o}) is writable by every user: chmod o-w",
+                        dir.display()
+                    ),
                 )
             } else if m.uid() != uid {
                 (
@@ -143,7 +154,10 @@ fn folder_status(root: &Path, dir: &Path, uid: u32, owner: &str, runtime: bool) 
             match parent {
                 _ if runtime => (
                     Status::Info,
-                    format!("{} is absent: the unit's RuntimeDirectory= makes it at start", dir.display()),
+                    format!(
+                        "{} is absent: the unit's RuntimeDirectory= makes it at start",
+                        dir.display()
+                    ),
                 ),
                 Some(p) if std::fs::metadata(under(root, p)).is_ok_and(|m| m.uid() == uid) => (
                     Status::Info,
@@ -186,7 +200,10 @@ mod tests {
     }
 
     fn status_of(checks: &[Check], name: &str) -> (Status, String) {
-        let c = checks.iter().find(|c| c.name == name).unwrap_or_else(|| panic!("{name}: {checks:?}"));
+        let c = checks
+            .iter()
+            .find(|c| c.name == name)
+            .unwrap_or_else(|| panic!("{name}: {checks:?}"));
         (c.status, c.summary.clone())
     }
 
@@ -208,7 +225,11 @@ mod tests {
         std::fs::set_permissions(r.join("var/lib/hsiedge"), std::fs::Permissions::from_mode(0o777)).unwrap();
         std::fs::remove_file(r.join("m/manifest.json")).unwrap();
         // A service user whose uid owns nothing here.
-        std::fs::write(r.join("etc/passwd"), "hsiedge:x:4242:4242::/var/lib/hsiedge:/usr/sbin/nologin\n").unwrap();
+        std::fs::write(
+            r.join("etc/passwd"),
+            "hsiedge:x:4242:4242::/var/lib/hsiedge:/usr/sbin/nologin\n",
+        )
+        .unwrap();
         let c = checks(r, &config);
         let (s, msg) = status_of(&c, "daemon state");
         assert_eq!(s, Status::Fail);

@@ -268,10 +268,12 @@ fn serve_connection(conn: Conn, peer: &str, shared: &Shared) {
 /// Logs a refused connection; returns why it ends.
 fn refuse(shared: &Shared, peer: &str, error: &str) -> &'static str {
     shared.status.count(|t| t.refused += 1);
-    log::event(
-        "refused",
-        &format!("{peer}: refused: {error}"),
-        serde_json::json!({"peer": peer, "error": error}),
-    );
+    // Errors from the stream name the peer already.
+    let msg = if error.starts_with(peer) {
+        format!("refused: {error}")
+    } else {
+        format!("{peer}: refused: {error}")
+    };
+    log::event("refused", &msg, serde_json::json!({"peer": peer, "error": error}));
     "refused"
 }
