@@ -382,7 +382,7 @@ impl RawIntake {
         };
         let seconds = |key: &str, v: Option<f64>, default: f64| -> Result<f64, ConfigError> {
             let s = v.unwrap_or(default);
-            if !s.is_finite() || s < 0.0 || s > 1e9 {
+            if !s.is_finite() || !(0.0..=1e9).contains(&s) {
                 return Err(bad(key, format!("{s} is not a number of seconds >= 0")));
             }
             Ok(s)

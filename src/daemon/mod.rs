@@ -1,6 +1,6 @@
 //! `hsiedge serve`: one long-running process serving many scenes.
 //!
-//! Threads: tokio (one thread, [`service`]) only at the I/O edges — accepting on the listeners,
+//! Threads: tokio (one thread, the `service` loop) only at the I/O edges — accepting on the listeners,
 //! the control socket, signals, systemd notifications. Each sensor connection is read on OS
 //! threads through blocking `Read`: its own thread reads scene headers ([`listen`]), and a scene's
 //! lines are read by the model worker that runs it ([`worker`]), each worker owning one
