@@ -299,6 +299,42 @@ enum BenchCommand {
         #[command(flatten)]
         engine: EngineArgs,
     },
+    /// A long pushbroom stream through the daemon's path (wire protocol over a Unix socket, ring,
+    /// tiler, engine, strip-by-strip map writing) against pure inference of the same batches; with
+    /// --rate, each output row's latency from its last input line.
+    Stream {
+        /// The scene whose lines are replayed, cycled to --lines.
+        scene: PathBuf,
+        /// Model manifest.
+        #[arg(long)]
+        model: PathBuf,
+        /// auto, dense or patch.
+        #[arg(long, default_value = "auto")]
+        mode: String,
+        /// Units per batch (default: the mode's).
+        #[arg(long)]
+        batch: Option<usize>,
+        /// Tile side (tile rows are this many lines).
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_TILE)]
+        tile: usize,
+        /// Lines in the stream.
+        #[arg(long, default_value_t = 4096)]
+        lines: usize,
+        /// Lines per second (0: as fast as the receiver takes them).
+        #[arg(long, default_value_t = 0.0)]
+        rate: f64,
+        /// Repetitions (after one untimed warm-up).
+        #[arg(long, default_value_t = 5)]
+        repeat: usize,
+        /// Lines per output segment (0: one set).
+        #[arg(long, default_value_t = 0)]
+        segment_lines: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
     /// Per-unit inference time against batch size, its elasticity and the plateau knee; the
     /// result is cached so `--batch auto` stops at the knee on this model and device.
     Sweep {
@@ -525,6 +561,33 @@ fn run(cli: Cli) -> Result<()> {
                 only,
             };
             let r = hsiedge::bench::classify(&opts)?;
+            print_report(&r, json)
+        }
+        Command::Bench {
+            what:
+                BenchCommand::Stream {
+                    scene,
+                    model,
+                    mode,
+                    batch,
+                    tile,
+                    lines,
+                    rate,
+                    repeat,
+                    segment_lines,
+                    json,
+                    engine,
+                },
+        } => {
+            let opts = hsiedge::bench::stream::StreamBenchOptions {
+                scene,
+                session: hsiedge::bench::stream::session(model, parse_mode(&mode)?, batch, tile, engine.options()?),
+                lines,
+                rate,
+                repeat,
+                segment_lines,
+            };
+            let r = hsiedge::bench::stream::stream(&opts)?;
             print_report(&r, json)
         }
         Command::Bench {

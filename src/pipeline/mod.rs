@@ -188,6 +188,9 @@ pub struct Maps {
 pub struct RunStats {
     /// Scene lines.
     pub lines: usize,
+    /// From a line source: seconds from each output row's last input line's arrival to the row's
+    /// hand-over to the sink, as median, 99th percentile and maximum.
+    pub row_latency_s: Option<Latency>,
     /// Pixels written.
     pub pixels: usize,
     /// Batches run.
@@ -204,6 +207,34 @@ pub struct RunStats {
     pub wait_s: f64,
     /// Time from start to the first batch's result.
     pub first_batch_s: f64,
+}
+
+/// A latency distribution.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Latency {
+    /// Rows measured.
+    pub rows: usize,
+    /// Median, seconds.
+    pub p50: f64,
+    /// 99th percentile, seconds.
+    pub p99: f64,
+    /// Largest, seconds.
+    pub max: f64,
+}
+
+impl Latency {
+    /// The distribution of `values` (seconds), `None` when empty.
+    pub fn of(values: &[f32]) -> Option<Self> {
+        let mut v = values.to_vec();
+        v.sort_by(f32::total_cmp);
+        let at = |q: f64| f64::from(v[((v.len() - 1) as f64 * q).round() as usize]);
+        (!v.is_empty()).then(|| Self {
+            rows: v.len(),
+            p50: at(0.5),
+            p99: at(0.99),
+            max: at(1.0),
+        })
+    }
 }
 
 /// Adapts the batch while a run goes on (the memory governor implements it).
@@ -483,6 +514,7 @@ pub fn run_with(
     result?;
     let lines = produced?;
     let done = strips.lines_done();
+    stats.row_latency_s = Latency::of(strips.row_latencies());
     strips.finish()?;
     if done != lines {
         return Err(PipelineError::Coverage {
