@@ -7,6 +7,7 @@
 //! (`pipeline::ring`), so a source never has to hold more than the line it is reading.
 
 mod file;
+pub mod spool;
 
 use std::path::PathBuf;
 
