@@ -13,6 +13,9 @@ pub(super) const LOCK: &str = ".lock";
 /// Prefix of an owner folder being set up (hidden, so nobody adopts it half made).
 const NEW_PREFIX: &str = ".new-";
 
+/// Age past which a `.new-` folder is taken for a leftover (setting one up takes microseconds).
+const STAGING_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A folder of `work/` this process holds: an exclusive `flock` on its [`LOCK`] file, released
 /// by the kernel when the process dies, however it dies.
 ///
@@ -87,8 +90,17 @@ impl OwnerDir {
     }
 
     /// Removes a half-made owner folder (a `.new-` one) left by a process that died setting it up.
+    ///
+    /// Only one a minute old: a young one may be between its creation and the lock of its lock
+    /// file, which a lock taken here would break. Such a folder never holds a scene.
     pub(super) fn remove_stale_staging(path: &Path) {
-        if let Ok(Some(dir)) = Self::try_adopt(path) {
+        let age = std::fs::symlink_metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok());
+        if age.is_some_and(|a| a > STAGING_MAX_AGE)
+            && let Ok(Some(dir)) = Self::try_adopt(path)
+        {
             drop(dir);
         }
     }

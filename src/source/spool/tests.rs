@@ -175,15 +175,15 @@ fn a_header_without_data_past_the_grace_goes_to_failed() {
 fn a_growing_data_file_restarts_the_grace() {
     let root = tempfile::tempdir().unwrap();
     let options = SpoolOptions {
-        grace: Duration::from_millis(300),
+        grace: Duration::from_secs(1),
         ..quick()
     };
     let mut spool = Spool::open(root.path(), options).unwrap();
     let (header, data) = cube_bytes(1);
     let img = spool.incoming().join("slow.img");
     std::fs::write(spool.incoming().join("slow.hdr"), header).unwrap();
-    // 2 s of growth, a step every 100 ms: never unchanged for the 300 ms grace.
-    for n in 1..=20 {
+    // 2.3 s of growth, a step every 100 ms: never unchanged for the 1 s grace.
+    for n in 1..=23 {
         std::fs::write(&img, &data[..n * 2]).unwrap();
         assert!(spool.claim_next().unwrap().is_none());
         std::thread::sleep(Duration::from_millis(100));
@@ -336,4 +336,19 @@ fn a_stop_handle_ends_a_wait_and_a_delivery_ends_it_too() {
     assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
     t.join().unwrap();
     assert_eq!(spool.wait_ready(Duration::from_secs(60)).unwrap(), Wait::Stopped);
+}
+
+#[test]
+fn a_young_half_made_owner_folder_is_left_alone_and_an_old_one_removed() {
+    let root = tempfile::tempdir().unwrap();
+    let staging = root.path().join("work/.new-x");
+    std::fs::create_dir_all(&staging).unwrap();
+    std::fs::write(staging.join(".lock"), "").unwrap();
+    // Another spool may be about to lock it: leave it.
+    drop(Spool::open(root.path(), quick()).unwrap());
+    assert!(staging.join(".lock").is_file());
+    let old = std::time::SystemTime::now() - Duration::from_secs(120);
+    std::fs::File::open(&staging).unwrap().set_modified(old).unwrap();
+    drop(Spool::open(root.path(), quick()).unwrap());
+    assert!(!staging.exists());
 }
