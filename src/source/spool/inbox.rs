@@ -138,7 +138,7 @@ impl Spool {
     }
 
     /// Whether one of this spool's owner folders holds a scene `id`.
-    fn holds(&self, id: &str) -> bool {
+    pub(super) fn holds(&self, id: &str) -> bool {
         std::iter::once(&self.own)
             .chain(&self.adopted)
             .any(|d| d.path().join(id).symlink_metadata().is_ok())
@@ -203,13 +203,13 @@ impl Spool {
     pub(super) fn reject(&mut self, c: &Candidate, reason: &str) {
         self.waiting.remove(&c.name);
         match self.try_reject(c, reason) {
-            Ok(Some(to)) => self.notices.push(Notice::Rejected {
+            Ok(Some(to)) => self.notice(Notice::Rejected {
                 name: c.name.to_string_lossy().into_owned(),
                 to,
                 reason: reason.to_string(),
             }),
             Ok(None) => {}
-            Err(e) => self.notices.push(Notice::Skipped(e)),
+            Err(e) => self.notice(Notice::Skipped(e)),
         }
     }
 

@@ -207,6 +207,9 @@ impl StopHandle {
     }
 }
 
+/// The most notices a [`Spool`] keeps between two [`Spool::take_notices`].
+pub const MAX_NOTICES: usize = 1000;
+
 /// Scene folders of this process that a live [`Claimed`] holds.
 type Held = Arc<Mutex<HashSet<PathBuf>>>;
 
@@ -228,6 +231,9 @@ pub struct Spool {
     waiting: HashMap<OsString, (String, Instant)>,
     notices: Vec<Notice>,
     stop: StopHandle,
+    /// The last [`Spool::claim_next`] handed out nothing: the next wait looks after one poll,
+    /// so a scene that fails on every scan is retried at the poll's pace, not in a busy loop.
+    idle: bool,
 }
 
 impl Spool {
@@ -254,6 +260,7 @@ impl Spool {
             waiting: HashMap::new(),
             notices: Vec::new(),
             stop: StopHandle::default(),
+            idle: false,
         };
         spool.adopt_orphans()?;
         Ok(spool)
@@ -285,9 +292,18 @@ impl Spool {
     }
 
     /// What scans did besides handing out scenes since the last call (scenes refused, scenes
-    /// skipped on an error), oldest first.
+    /// skipped on an error), oldest first; the latest [`MAX_NOTICES`] at most.
     pub fn take_notices(&mut self) -> Vec<Notice> {
         std::mem::take(&mut self.notices)
+    }
+
+    /// Keeps `n` for [`Self::take_notices`], dropping the oldest past [`MAX_NOTICES`] (a scene
+    /// that fails the same way on every scan must not grow memory in a daemon that never asks).
+    fn notice(&mut self, n: Notice) {
+        if self.notices.len() >= MAX_NOTICES {
+            self.notices.remove(0);
+        }
+        self.notices.push(n);
     }
 
     /// Hands out the next scene: first one recovered from a process that died (or from a dropped
@@ -297,6 +313,13 @@ impl Spool {
     /// An error is one of the spool's own folders failing; trouble with one scene is a
     /// [`Notice::Skipped`] and the scan goes on.
     pub fn claim_next(&mut self) -> Result<Option<Claimed>, SpoolError> {
+        let next = self.scan();
+        self.idle = !matches!(next, Ok(Some(_)));
+        next
+    }
+
+    /// [`Self::claim_next`]'s scan.
+    fn scan(&mut self) -> Result<Option<Claimed>, SpoolError> {
         self.adopt_orphans()?;
         if let Some(c) = self.next_recovered()? {
             return Ok(Some(c));
@@ -308,7 +331,7 @@ impl Spool {
                 inbox::Check::Ready => match self.claim(&candidate) {
                     Ok(Some(c)) => return Ok(Some(c)),
                     Ok(None) => {}
-                    Err(e) => self.notices.push(Notice::Skipped(e)),
+                    Err(e) => self.notice(Notice::Skipped(e)),
                 },
             }
         }
@@ -317,9 +340,13 @@ impl Spool {
     }
 
     /// Blocks until [`Self::claim_next`] has something to do (a scene to hand out or to refuse),
-    /// `timeout` passes, or the [`StopHandle`] is used; looks every [`SpoolOptions::poll`].
+    /// `timeout` passes, or the [`StopHandle`] is used; looks every [`SpoolOptions::poll`], the
+    /// first time at once unless the last [`Self::claim_next`] handed out nothing.
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<Wait, SpoolError> {
         let start = Instant::now();
+        if self.idle && self.stop.sleep(timeout.min(self.options.poll)) {
+            return Ok(Wait::Stopped);
+        }
         loop {
             if self.stop.is_stopped() {
                 return Ok(Wait::Stopped);
@@ -344,8 +371,11 @@ impl Spool {
             return Ok(true);
         }
         for candidate in self.candidates()? {
-            if !matches!(self.check(&candidate), inbox::Check::Wait) {
-                return Ok(true);
+            match self.check(&candidate) {
+                inbox::Check::Wait => {}
+                // Not claimable while a scene of its id is held here.
+                inbox::Check::Ready if candidate.id.as_ref().is_ok_and(|id| self.holds(id)) => {}
+                _ => return Ok(true),
             }
         }
         Ok(false)
@@ -372,7 +402,7 @@ impl Spool {
             match OwnerDir::try_adopt(&path) {
                 Ok(Some(dir)) => self.adopted.push(Arc::new(dir)),
                 Ok(None) => {}
-                Err(e) => self.notices.push(Notice::Skipped(e)),
+                Err(e) => self.notice(Notice::Skipped(e)),
             }
         }
         Ok(())

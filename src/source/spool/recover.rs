@@ -25,11 +25,12 @@ impl Spool {
     fn unheld(&mut self) -> Vec<(Arc<OwnerDir>, Entry)> {
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let mut out = Vec::new();
-        for owner in std::iter::once(&self.own).chain(&self.adopted) {
+        let owners: Vec<_> = std::iter::once(&self.own).chain(&self.adopted).cloned().collect();
+        for owner in &owners {
             let entries = match std::fs::read_dir(owner.path()) {
                 Ok(entries) => entries,
                 Err(e) => {
-                    self.notices.push(Notice::Skipped(io_err("list", owner.path())(e)));
+                    self.notice(Notice::Skipped(io_err("list", owner.path())(e)));
                     continue;
                 }
             };
@@ -71,7 +72,7 @@ impl Spool {
             match result {
                 Ok(Some(c)) => return Ok(Some(c)),
                 Ok(None) => {}
-                Err(e) => self.notices.push(Notice::Skipped(e)),
+                Err(e) => self.notice(Notice::Skipped(e)),
             }
         }
         // The spool's own reference is the last one: nothing of the folder is claimed.
@@ -92,7 +93,7 @@ impl Spool {
         };
         let to = claimed::move_unique(path, &self.failed, &name)?;
         sync_dir(&self.failed)?;
-        self.notices.push(Notice::Rejected {
+        self.notice(Notice::Rejected {
             name: name.clone(),
             to,
             reason: "refused earlier; its move to failed/ was cut short".into(),
@@ -161,7 +162,7 @@ impl Spool {
     fn fail(&mut self, dir: &Path, id: &str, reason: &str) -> Result<Option<Claimed>, SpoolError> {
         let text = claimed::reason_text(reason, id, claimed::read_attempts(dir));
         let to = claimed::finish(dir, id, "reason", &text, &self.failed)?;
-        self.notices.push(Notice::Rejected {
+        self.notice(Notice::Rejected {
             name: id.to_string(),
             to,
             reason: reason.to_string(),

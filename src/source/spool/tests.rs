@@ -232,7 +232,10 @@ fn a_second_scene_of_a_held_id_waits_for_the_first() {
     let first = spool.claim_next().unwrap().unwrap();
     deliver(spool.incoming(), "dup", 2);
     assert!(spool.claim_next().unwrap().is_none(), "the first still holds `dup`");
+    // Nothing to do until then: a wait does not return at once (a daemon would spin).
+    assert_eq!(spool.wait_ready(Duration::from_millis(100)).unwrap(), Wait::TimedOut);
     first.done(&serde_json::Value::Null).unwrap();
+    assert_eq!(spool.wait_ready(Duration::from_secs(5)).unwrap(), Wait::Ready);
     let second = spool.claim_next().unwrap().expect("free now");
     assert_eq!(std::fs::read(second.data_path()).unwrap(), cube_bytes(2).1);
 }
@@ -351,4 +354,50 @@ fn a_young_half_made_owner_folder_is_left_alone_and_an_old_one_removed() {
     std::fs::File::open(&staging).unwrap().set_modified(old).unwrap();
     drop(Spool::open(root.path(), quick()).unwrap());
     assert!(!staging.exists());
+}
+
+#[test]
+fn a_spool_and_its_claims_can_move_between_threads() {
+    fn send<T: Send>() {}
+    send::<Spool>();
+    send::<Claimed>();
+    send::<StopHandle>();
+}
+
+#[test]
+fn notices_are_capped_at_the_latest() {
+    let root = tempfile::tempdir().unwrap();
+    let mut spool = Spool::open(root.path(), quick()).unwrap();
+    for i in 0..MAX_NOTICES + 5 {
+        spool.notice(Notice::Rejected {
+            name: i.to_string(),
+            to: PathBuf::new(),
+            reason: String::new(),
+        });
+    }
+    let n = spool.take_notices();
+    assert_eq!(n.len(), MAX_NOTICES);
+    assert!(matches!(&n[0], Notice::Rejected { name, .. } if name == "5"));
+    assert!(spool.take_notices().is_empty());
+}
+
+#[test]
+fn after_an_empty_scan_the_wait_looks_again_only_after_a_poll() {
+    let root = tempfile::tempdir().unwrap();
+    let options = SpoolOptions {
+        poll: Duration::from_millis(300),
+        ..quick()
+    };
+    let mut spool = Spool::open(root.path(), options).unwrap();
+    assert!(spool.claim_next().unwrap().is_none());
+    deliver(spool.incoming(), "a", 1);
+    let start = Instant::now();
+    assert_eq!(spool.wait_ready(Duration::from_secs(5)).unwrap(), Wait::Ready);
+    assert!(start.elapsed() >= Duration::from_millis(300), "{:?}", start.elapsed());
+    let _a = spool.claim_next().unwrap().unwrap();
+    // After a scan that handed something out, the next wait looks at once.
+    deliver(spool.incoming(), "b", 2);
+    let start = Instant::now();
+    assert_eq!(spool.wait_ready(Duration::from_secs(5)).unwrap(), Wait::Ready);
+    assert!(start.elapsed() < Duration::from_millis(300), "{:?}", start.elapsed());
 }
