@@ -683,7 +683,7 @@ fn classify(spec: JobSpec, json: bool) -> Result<()> {
     };
     let (maps, stats) = job.infer(&mut |done| {
         if let Some(b) = &bar {
-            b.set_position(done as u64);
+            b.set_position(done.pixels_done as u64);
         }
     })?;
     if let Some(b) = bar {

@@ -144,13 +144,13 @@ impl ModelSession {
 
     /// Runs the scene `source` delivers into `root` (a folder of its own), each finished row
     /// written as it comes and each segment committed whole (see [`SegmentWriter`]). `progress`
-    /// gets the pixels done after each batch.
+    /// gets each batch's record.
     pub fn run_stream(
         &mut self,
         source: &mut dyn LineSource,
         root: &Path,
         segments: SegmentOptions,
-        progress: &mut dyn FnMut(usize),
+        progress: &mut dyn FnMut(&pipeline::BatchDone),
     ) -> Result<SceneOutcome, JobError> {
         let info = source.info().clone();
         info.validate().map_err(PipelineError::Source)?;
