@@ -40,10 +40,10 @@ struct EngineArgs {
     /// arena a steady run then holds 1.4-1.6x the memory).
     #[arg(long)]
     memory_pattern: bool,
-    /// Nice increment of the tiling thread (0: none; use 0 where
-    /// other processes keep every core busy).
-    #[arg(long, default_value_t = hsiedge::engine::DEFAULT_PRODUCER_NICE, value_parser = clap::value_parser!(i32).range(0..=19))]
-    producer_nice: i32,
+    /// Nice increment of the tiling thread (0: none; use 0 where other processes keep every core
+    /// busy). Default: 19 for a file, 0 for a stream (its tiling thread also reads the stream).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(0..=19))]
+    producer_nice: Option<i32>,
 }
 
 impl EngineArgs {
@@ -64,7 +64,16 @@ impl EngineArgs {
             spin: self.spin,
             arena: self.arena,
             memory_pattern: self.memory_pattern,
-            producer_nice: self.producer_nice,
+            producer_nice: self.producer_nice.unwrap_or(hsiedge::engine::DEFAULT_PRODUCER_NICE),
+        })
+    }
+
+    /// [`EngineArgs::options`] for a streamed scene: the tiling thread at its normal priority
+    /// unless `--producer-nice` says otherwise.
+    fn stream_options(&self) -> Result<EngineOptions> {
+        Ok(EngineOptions {
+            producer_nice: self.producer_nice.unwrap_or(0),
+            ..self.options()?
         })
     }
 }
@@ -581,7 +590,13 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let opts = hsiedge::bench::stream::StreamBenchOptions {
                 scene,
-                session: hsiedge::bench::stream::session(model, parse_mode(&mode)?, batch, tile, engine.options()?),
+                session: hsiedge::bench::stream::session(
+                    model,
+                    parse_mode(&mode)?,
+                    batch,
+                    tile,
+                    engine.stream_options()?,
+                ),
                 lines,
                 rate,
                 repeat,

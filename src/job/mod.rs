@@ -691,4 +691,4 @@ mod session;
 
 pub use auto::*;
 pub use plan::*;
-pub use session::{ModelSession, SceneOutcome, SessionSpec};
+pub use session::{ModelSession, STREAM_PRODUCER_NICE, SceneOutcome, SessionSpec};

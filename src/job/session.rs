@@ -10,6 +10,10 @@ use crate::model::{Manifest, Role, Task};
 use crate::pipeline::{self, BufferPool, Input, LineRing, Mode, PipelineError, RunOptions, RunStats};
 use crate::source::{LineSource, SourceStats};
 
+/// The tiling thread's nice increment for streamed scenes: 0. It also reads the stream, and lowered
+/// on a busy machine it is starved while lines wait in the socket (docs/benchmarks.md, bench stream).
+pub const STREAM_PRODUCER_NICE: i32 = 0;
+
 /// What a model session is built from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionSpec {
@@ -21,7 +25,7 @@ pub struct SessionSpec {
     pub batch: Option<usize>,
     /// Tile side.
     pub tile: usize,
-    /// Engine settings.
+    /// Engine settings. Keep `producer_nice` at 0 for streams ([`STREAM_PRODUCER_NICE`]).
     pub engine: EngineOptions,
     /// Keep every output channel.
     pub keep_scores: bool,
@@ -87,10 +91,7 @@ impl ModelSession {
             tile: spec.tile,
             queue: QUEUE_DEPTH,
             keep_scores: spec.keep_scores || manifest.task == Task::Abundance,
-            // A stream's tiling thread also reads the stream: lowered, a busy machine starves it and
-            // rows wait for lines already sent (row latency p99 1.28 s at nice 19 against 0.70 s at
-            // nice 0, 100 lines/s, load 7; docs/benchmarks.md).
-            producer_nice: 0,
+            producer_nice: spec.engine.producer_nice,
         };
         Ok(Self {
             manifest,
