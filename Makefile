@@ -13,7 +13,7 @@ MODEL ?= models/hybridsn_salinas_a/manifest.json
 DATA ?= ../shared/data
 DEMO_OUT ?= out/demo
 
-.PHONY: demo test ort build check lint bench
+.PHONY: demo test ort build check lint bench install
 
 ort: $(ORT_LIB)
 
@@ -41,3 +41,15 @@ test: ort lint
 
 bench: build
 	target/release/hsiedge bench classify $(DATA)/salinas_a/salinas_a.hdr --model $(MODEL)
+
+# `make install [PREFIX=/usr/local] [DESTDIR=...]`: the binary, the ONNX Runtime it was built with (in
+# lib/hsiedge, where the binary looks for it) and the models.
+PREFIX ?= /usr/local
+install: build
+	install -D -m 755 target/release/hsiedge $(DESTDIR)$(PREFIX)/bin/hsiedge
+	install -D -m 644 $(ORT_LIB) $(DESTDIR)$(PREFIX)/lib/hsiedge/libonnxruntime.so.$(ORT_VERSION)
+	for m in models/*/manifest.json; do d=$$(dirname $$m); n=$$(basename $$d); \
+	  [ "$$n" = fixtures ] && continue; \
+	  install -d $(DESTDIR)$(PREFIX)/share/hsiedge/models/$$n; \
+	  install -m 644 $$d/*.json $$d/*.onnx $(DESTDIR)$(PREFIX)/share/hsiedge/models/$$n/; \
+	done

@@ -40,10 +40,10 @@ struct EngineArgs {
     /// arena a steady run then holds 1.4-1.6x the memory).
     #[arg(long)]
     memory_pattern: bool,
-    /// Nice increment of the tiling thread (0: none; use 0 where
-    /// other processes keep every core busy).
-    #[arg(long, default_value_t = hsiedge::engine::DEFAULT_PRODUCER_NICE, value_parser = clap::value_parser!(i32).range(0..=19))]
-    producer_nice: i32,
+    /// Nice increment of the tiling thread (0: none; use 0 where other processes keep every core
+    /// busy). Default: 19 for a file, 0 for a stream (its tiling thread also reads the stream).
+    #[arg(long, value_parser = clap::value_parser!(i32).range(0..=19))]
+    producer_nice: Option<i32>,
 }
 
 impl EngineArgs {
@@ -64,7 +64,16 @@ impl EngineArgs {
             spin: self.spin,
             arena: self.arena,
             memory_pattern: self.memory_pattern,
-            producer_nice: self.producer_nice,
+            producer_nice: self.producer_nice.unwrap_or(hsiedge::engine::DEFAULT_PRODUCER_NICE),
+        })
+    }
+
+    /// [`EngineArgs::options`] for a streamed scene: the tiling thread at its normal priority
+    /// unless `--producer-nice` says otherwise.
+    fn stream_options(&self) -> Result<EngineOptions> {
+        Ok(EngineOptions {
+            producer_nice: self.producer_nice.unwrap_or(0),
+            ..self.options()?
         })
     }
 }
@@ -306,6 +315,42 @@ enum BenchCommand {
         #[command(flatten)]
         engine: EngineArgs,
     },
+    /// A long pushbroom stream through the daemon's path (wire protocol over a Unix socket, ring,
+    /// tiler, engine, strip-by-strip map writing) against pure inference of the same batches; with
+    /// --rate, each output row's latency from its last input line.
+    Stream {
+        /// The scene whose lines are replayed, cycled to --lines.
+        scene: PathBuf,
+        /// Model manifest.
+        #[arg(long)]
+        model: PathBuf,
+        /// auto, dense or patch.
+        #[arg(long, default_value = "auto")]
+        mode: String,
+        /// Units per batch (default: the mode's).
+        #[arg(long)]
+        batch: Option<usize>,
+        /// Tile side (tile rows are this many lines).
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_TILE)]
+        tile: usize,
+        /// Lines in the stream.
+        #[arg(long, default_value_t = 4096)]
+        lines: usize,
+        /// Lines per second (0: as fast as the receiver takes them).
+        #[arg(long, default_value_t = 0.0)]
+        rate: f64,
+        /// Repetitions (after one untimed warm-up).
+        #[arg(long, default_value_t = 5)]
+        repeat: usize,
+        /// Lines per output segment (0: one set).
+        #[arg(long, default_value_t = 0)]
+        segment_lines: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
     /// Per-unit inference time against batch size, its elasticity and the plateau knee; the
     /// result is cached so `--batch auto` stops at the knee on this model and device.
     Sweep {
@@ -540,6 +585,39 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench {
             what:
+                BenchCommand::Stream {
+                    scene,
+                    model,
+                    mode,
+                    batch,
+                    tile,
+                    lines,
+                    rate,
+                    repeat,
+                    segment_lines,
+                    json,
+                    engine,
+                },
+        } => {
+            let opts = hsiedge::bench::stream::StreamBenchOptions {
+                scene,
+                session: hsiedge::bench::stream::session(
+                    model,
+                    parse_mode(&mode)?,
+                    batch,
+                    tile,
+                    engine.stream_options()?,
+                ),
+                lines,
+                rate,
+                repeat,
+                segment_lines,
+            };
+            let r = hsiedge::bench::stream::stream(&opts)?;
+            print_report(&r, json)
+        }
+        Command::Bench {
+            what:
                 BenchCommand::Sweep {
                     model,
                     mode,
@@ -632,7 +710,7 @@ fn classify(spec: JobSpec, json: bool) -> Result<()> {
     };
     let (maps, stats) = job.infer(&mut |done| {
         if let Some(b) = &bar {
-            b.set_position(done as u64);
+            b.set_position(done.pixels_done as u64);
         }
     })?;
     if let Some(b) = bar {

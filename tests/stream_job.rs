@@ -152,6 +152,9 @@ fn a_streamed_scene_gives_the_maps_classify_gives_whole_or_in_segments() {
             )
             .unwrap();
         assert_eq!(out.run.lines, 83);
+        let latency = out.run.row_latency_s.expect("a stream measures row latency");
+        assert_eq!(latency.rows, 83);
+        assert!(latency.p50 <= latency.p99 && latency.p99 <= latency.max, "{latency:?}");
         let lines: Vec<usize> = out.segments.iter().map(|g| g.lines).collect();
         assert_eq!(lines, [20, 20, 20, 20, 3]);
         for f in ["class_map.img", "confidence.img"] {

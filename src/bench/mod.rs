@@ -13,6 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+pub mod stream;
 pub mod sweep;
 
 use crate::cube::Cube;

@@ -408,8 +408,8 @@ impl Job {
         })
     }
 
-    /// Runs the pipeline; `progress` gets pixels done.
-    pub fn infer(&mut self, progress: &mut dyn FnMut(usize)) -> Result<(Maps, RunStats), JobError> {
+    /// Runs the pipeline; `progress` gets each batch's record.
+    pub fn infer(&mut self, progress: &mut dyn FnMut(&pipeline::BatchDone)) -> Result<(Maps, RunStats), JobError> {
         let mut governor = match (&self.plan, self.spec.budget.adapt) {
             (Some(auto), true) => Some(BudgetGovernor::new(auto, &self.spec.budget)?),
             _ => None,
@@ -423,7 +423,7 @@ impl Job {
         // Sampled on the engine thread between batches, at most every 2 ms, rather than by a
         // sampling thread: its wake-ups preempted intra-op threads mid-operator and cost a 20 ms
         // run about 1 ms (`hsiedge bench classify`, dense Salinas-A).
-        let mut sampling = |done: usize| {
+        let mut sampling = |done: &pipeline::BatchDone| {
             if sampled_at.elapsed() >= PEAK_SAMPLE_PERIOD {
                 peak = peak.max(anon_bytes(&root));
                 sampled_at = Instant::now();
@@ -691,4 +691,4 @@ mod session;
 
 pub use auto::*;
 pub use plan::*;
-pub use session::{ModelSession, SceneOutcome, SessionSpec};
+pub use session::{ModelSession, STREAM_PRODUCER_NICE, SceneOutcome, SessionSpec};

@@ -10,6 +10,10 @@ use crate::model::{Manifest, Role, Task};
 use crate::pipeline::{self, BufferPool, Input, LineRing, Mode, PipelineError, RunOptions, RunStats};
 use crate::source::{LineSource, SourceStats};
 
+/// The tiling thread's nice increment for streamed scenes: 0. It also reads the stream, and lowered
+/// on a busy machine it is starved while lines wait in the socket (docs/benchmarks.md, bench stream).
+pub const STREAM_PRODUCER_NICE: i32 = 0;
+
 /// What a model session is built from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionSpec {
@@ -21,7 +25,7 @@ pub struct SessionSpec {
     pub batch: Option<usize>,
     /// Tile side.
     pub tile: usize,
-    /// Engine settings.
+    /// Engine settings. Keep `producer_nice` at 0 for streams ([`STREAM_PRODUCER_NICE`]).
     pub engine: EngineOptions,
     /// Keep every output channel.
     pub keep_scores: bool,
@@ -113,15 +117,44 @@ impl ModelSession {
         &self.runtime
     }
 
+    /// Times the engine alone over the batches a stream from `source` makes: the batches are built
+    /// on this thread, between engine runs, so nothing else competes with them. Returns the
+    /// seconds inside the engine and the batches run (what `bench stream` compares with).
+    pub fn time_inference(&mut self, source: &mut dyn LineSource) -> Result<(f64, usize), JobError> {
+        let inv_std: Vec<f32> = self.manifest.input.std.iter().map(|s| 1.0 / s).collect();
+        let mut ring = LineRing::new(source, &self.manifest.input.mean, &inv_std);
+        let target = std::sync::atomic::AtomicUsize::new(self.run.batch);
+        let (mut seconds, mut batches, mut failed) = (0.0, 0usize, None);
+        let graph = &mut self.graph;
+        pipeline::produce_with(Input::Lines(&mut ring), &self.manifest, &self.run, &target, None, |b| {
+            let t0 = std::time::Instant::now();
+            match graph.run(&b.data, &b.shape) {
+                Ok(_) => {
+                    seconds += t0.elapsed().as_secs_f64();
+                    batches += 1;
+                    true
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    false
+                }
+            }
+        })?;
+        match failed {
+            Some(e) => Err(e.into()),
+            None => Ok((seconds, batches)),
+        }
+    }
+
     /// Runs the scene `source` delivers into `root` (a folder of its own), each finished row
     /// written as it comes and each segment committed whole (see [`SegmentWriter`]). `progress`
-    /// gets the pixels done after each batch.
+    /// gets each batch's record.
     pub fn run_stream(
         &mut self,
         source: &mut dyn LineSource,
         root: &Path,
         segments: SegmentOptions,
-        progress: &mut dyn FnMut(usize),
+        progress: &mut dyn FnMut(&pipeline::BatchDone),
     ) -> Result<SceneOutcome, JobError> {
         let info = source.info().clone();
         info.validate().map_err(PipelineError::Source)?;

@@ -188,6 +188,9 @@ pub struct Maps {
 pub struct RunStats {
     /// Scene lines.
     pub lines: usize,
+    /// From a line source: seconds from each output row's last input line's arrival to the row's
+    /// hand-over to the sink, as median, 99th percentile and maximum.
+    pub row_latency_s: Option<Latency>,
     /// Pixels written.
     pub pixels: usize,
     /// Batches run.
@@ -204,6 +207,55 @@ pub struct RunStats {
     pub wait_s: f64,
     /// Time from start to the first batch's result.
     pub first_batch_s: f64,
+}
+
+/// What the engine thread reports after each batch (the telemetry's per-batch record).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct BatchDone {
+    /// Batches run so far, this one included.
+    pub batches: usize,
+    /// Pixels stitched so far.
+    pub pixels_done: usize,
+    /// Units (patches or tiles) in this batch.
+    pub units: usize,
+    /// Pixels this batch stitched.
+    pub pixels: usize,
+    /// Seconds this batch spent in the engine.
+    pub infer_s: f64,
+    /// Seconds the engine thread waited for this batch's input.
+    pub wait_s: f64,
+    /// Batches ready in the queue when this one finished.
+    pub queued: usize,
+    /// The batch size in force (units) after this batch.
+    pub batch: usize,
+}
+
+/// A latency distribution.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Latency {
+    /// Rows measured.
+    pub rows: usize,
+    /// Median, seconds.
+    pub p50: f64,
+    /// 99th percentile, seconds.
+    pub p99: f64,
+    /// Largest, seconds.
+    pub max: f64,
+}
+
+impl Latency {
+    /// The distribution of `values` (seconds), `None` when empty.
+    pub fn of(values: &[f32]) -> Option<Self> {
+        let mut v = values.to_vec();
+        v.sort_by(f32::total_cmp);
+        let at = |q: f64| f64::from(v[((v.len() - 1) as f64 * q).round() as usize]);
+        (!v.is_empty()).then(|| Self {
+            rows: v.len(),
+            p50: at(0.5),
+            p99: at(0.99),
+            max: at(1.0),
+        })
+    }
 }
 
 /// Adapts the batch while a run goes on (the memory governor implements it).
@@ -290,7 +342,7 @@ pub fn check_bands(
 }
 
 /// Runs `graph` over `cube`: the producer thread fills a queue of `opts.queue` batches while this
-/// thread infers and stitches. `progress` gets the pixels done after each batch. With `adapt`, the
+/// thread infers and stitches. `progress` gets a [`BatchDone`] after each batch. With `adapt`, the
 /// batch may change between batches: the producer builds new batches at the new size, and batches
 /// already queued are run in pieces no larger than it. Batch buffers come from `pool`, reopened
 /// for this run and closed when it ends; the buffers it made stay in it for the next run.
@@ -300,7 +352,7 @@ pub fn run(
     graph: &mut Graph,
     opts: &RunOptions,
     pool: &BufferPool,
-    progress: &mut dyn FnMut(usize),
+    progress: &mut dyn FnMut(&BatchDone),
     adapt: Option<&mut dyn Adapt>,
 ) -> Result<(Maps, RunStats), PipelineError> {
     check(cube, manifest, opts)?;
@@ -350,7 +402,7 @@ pub fn run_with(
     graph: &mut Graph,
     opts: &RunOptions,
     pool: &BufferPool,
-    progress: &mut dyn FnMut(usize),
+    progress: &mut dyn FnMut(&BatchDone),
     mut adapt: Option<&mut dyn Adapt>,
     sink: &mut dyn RowSink,
 ) -> Result<RunStats, PipelineError> {
@@ -410,7 +462,8 @@ pub fn run_with(
             loop {
                 let t0 = Instant::now();
                 let Ok(batch) = rx.recv() else { break };
-                wait += t0.elapsed();
+                let waited = t0.elapsed();
+                wait += waited;
                 let units = batch.units();
                 let per_unit = batch.data.len() / units.max(1);
                 let mut from = 0;
@@ -434,18 +487,19 @@ pub fn run_with(
                                     .unwrap_or_default(),
                                 source,
                             })?;
-                    inference += t1.elapsed();
+                    let inferred = t1.elapsed();
+                    inference += inferred;
                     if stats.batches == 0 {
                         stats.first_batch_s = start.elapsed().as_secs_f64();
                     }
                     strips.put_range(&batch, from..to, &out_shape, &out, graph.path(), sink)?;
                     stats.batches += 1;
-                    stats.pixels += if batch.tiles.is_empty() {
+                    let pixels = if batch.tiles.is_empty() {
                         to - from
                     } else {
                         batch.tiles[from..to].iter().map(|t| t.h * t.w).sum()
                     };
-                    progress(stats.pixels);
+                    stats.pixels += pixels;
                     if let Some(a) = adapt.as_deref_mut() {
                         let now = target.load(Ordering::Relaxed);
                         let next = a.after_batch(stats.batches as u64, now).max(1);
@@ -457,6 +511,16 @@ pub fn run_with(
                             shrunk = true;
                         }
                     }
+                    progress(&BatchDone {
+                        batches: stats.batches,
+                        pixels_done: stats.pixels,
+                        units: to - from,
+                        pixels,
+                        infer_s: inferred.as_secs_f64(),
+                        wait_s: if from == 0 { waited.as_secs_f64() } else { 0.0 },
+                        queued: rx.len(),
+                        batch: target.load(Ordering::Relaxed),
+                    });
                     from = to;
                 }
                 // Given back before the next `recv`: the producer takes its next buffer only after
@@ -483,6 +547,7 @@ pub fn run_with(
     result?;
     let lines = produced?;
     let done = strips.lines_done();
+    stats.row_latency_s = Latency::of(strips.row_latencies());
     strips.finish()?;
     if done != lines {
         return Err(PipelineError::Coverage {

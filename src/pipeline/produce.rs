@@ -1,6 +1,7 @@
 //! The producer: scene lines read, normalised and tiled into ready batches.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
 
 use super::{Batch, BufferPool, LineRing, Mode, PipelineError, RunOptions, grid_for};
 use crate::cube::Cube;
@@ -16,7 +17,7 @@ pub enum Input<'r, 's> {
 }
 
 /// A tile row whose first unit is in a batch: the stitcher makes the row's strip of maps then.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StripStart {
     /// Tile row.
     pub row: usize,
@@ -24,6 +25,9 @@ pub struct StripStart {
     pub y0: usize,
     /// Lines of the strip (the tile height, less at the scene's end).
     pub h: usize,
+    /// From a line source: for each of the strip's lines, when the last input line it reads
+    /// (`halo` lines below it, or the scene's last) arrived. Empty for a mapped scene.
+    pub inputs_arrived: Vec<Instant>,
 }
 
 /// Builds batches for `manifest` over `cube` and hands each to `sink`; stops early when `sink`
@@ -152,12 +156,19 @@ pub fn produce_with(
             break;
         }
         let lines = grid.window_lines(row);
-        let strip = StripStart {
-            row,
-            y0: row * grid.tile_h,
-            h: grid.rect(row, 0).h,
+        let (y0, h) = (row * grid.tile_h, grid.rect(row, 0).h);
+        let inputs_arrived = match &input {
+            Input::Lines(ring) => (y0..y0 + h)
+                .filter_map(|y| ring.arrived((y + grid.halo).min(grid.lines.saturating_sub(1))))
+                .collect(),
+            Input::Mapped(_) => Vec::new(),
         };
-        let mut strip_sent = false;
+        let mut strip = Some(StripStart {
+            row,
+            y0,
+            h,
+            inputs_arrived,
+        });
         for col in 0..grid.cols {
             let rect = grid.rect(row, col);
             let cols = grid.window_samples(col);
@@ -176,10 +187,7 @@ pub fn produce_with(
                     if !start(&mut batch, &mut cap) {
                         return Ok(grid.lines);
                     }
-                    if !strip_sent {
-                        batch.strips.push(strip);
-                        strip_sent = true;
-                    }
+                    batch.strips.extend(strip.take());
                     fill(&mut batch.data);
                     batch.tiles.push(rect);
                     if batch.tiles.len() >= cap && !sink(finish(&mut batch)) {
@@ -194,10 +202,7 @@ pub fn produce_with(
                             if !start(&mut batch, &mut cap) {
                                 return Ok(grid.lines);
                             }
-                            if !strip_sent {
-                                batch.strips.push(strip);
-                                strip_sent = true;
-                            }
+                            batch.strips.extend(strip.take());
                             let at = batch.pixels.len() * per_unit;
                             gather_patch(&window, shape, i, j, p, &mut batch.data[at..at + per_unit]);
                             batch.pixels.push((rect.y0 + i, rect.x0 + j));

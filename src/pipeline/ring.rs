@@ -25,6 +25,8 @@ pub struct LineRing<'a> {
     raw: Vec<u8>,
     /// Decoded lines `first ..`, kept with their buffers for reuse.
     lines: VecDeque<Vec<f32>>,
+    /// When each held line arrived.
+    arrived: VecDeque<std::time::Instant>,
     spare: Vec<Vec<f32>>,
     first: usize,
     ended: Option<usize>,
@@ -57,6 +59,7 @@ impl<'a> LineRing<'a> {
             inv_std: inv_std.to_vec(),
             raw: vec![0; info.line_bytes()],
             lines: VecDeque::new(),
+            arrived: VecDeque::new(),
             spare: Vec::new(),
             first: 0,
             ended: None,
@@ -103,10 +106,16 @@ impl<'a> LineRing<'a> {
                         LineStatus::Missing => line.fill(f32::NAN),
                     }
                     self.lines.push_back(line);
+                    self.arrived.push_back(std::time::Instant::now());
                 }
             }
         }
         Ok(())
+    }
+
+    /// When line `line` arrived, while the ring holds it.
+    pub fn arrived(&self, line: usize) -> Option<std::time::Instant> {
+        self.arrived.get(line.checked_sub(self.first)?).copied()
     }
 
     /// Drops the lines above `line`: no window reads them any more.
@@ -115,6 +124,7 @@ impl<'a> LineRing<'a> {
             if let Some(l) = self.lines.pop_front() {
                 self.spare.push(l);
             }
+            self.arrived.pop_front();
             self.first += 1;
         }
     }

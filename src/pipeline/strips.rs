@@ -27,6 +27,10 @@ pub struct Strips<'m> {
     first_row: usize,
     /// Lines handed to the sink.
     done: usize,
+    /// Per strip, when its rows' last inputs arrived.
+    arrivals: VecDeque<Vec<std::time::Instant>>,
+    /// Seconds from each row's last input line's arrival to its hand-over (streams only).
+    latencies: Vec<f32>,
 }
 
 impl<'m> Strips<'m> {
@@ -39,6 +43,8 @@ impl<'m> Strips<'m> {
             open: VecDeque::new(),
             first_row: 0,
             done: 0,
+            arrivals: VecDeque::new(),
+            latencies: Vec::new(),
         }
     }
 
@@ -47,12 +53,19 @@ impl<'m> Strips<'m> {
         self.done
     }
 
-    fn start(&mut self, s: StripStart) {
+    /// Seconds from each row's last input line's arrival to the row's hand-over to the sink, for
+    /// the rows done so far (empty for a mapped scene).
+    pub fn row_latencies(&self) -> &[f32] {
+        &self.latencies
+    }
+
+    fn start(&mut self, s: &StripStart) {
         if self.open.is_empty() {
             self.first_row = s.row;
         }
         let st = Stitcher::strip(self.manifest, self.grid, s.y0, s.h, self.keep_scores);
         self.open.push_back((st, s.h * self.grid.samples));
+        self.arrivals.push_back(s.inputs_arrived.clone());
     }
 
     fn at(&mut self, row: usize) -> Result<&mut (Stitcher, usize), PipelineError> {
@@ -82,7 +95,7 @@ impl<'m> Strips<'m> {
         sink: &mut dyn RowSink,
     ) -> Result<(), PipelineError> {
         if range.start == 0 {
-            for &s in &batch.strips {
+            for s in &batch.strips {
                 self.start(s);
             }
         }
@@ -124,6 +137,10 @@ impl<'m> Strips<'m> {
             if let Some((strip, _)) = self.open.pop_front() {
                 self.first_row += 1;
                 let maps = strip.finish()?;
+                let now = std::time::Instant::now();
+                for t in self.arrivals.pop_front().unwrap_or_default() {
+                    self.latencies.push(now.duration_since(t).as_secs_f32());
+                }
                 let y0 = self.done;
                 self.done += maps.lines;
                 sink.put_strip(y0, maps)?;

@@ -8,13 +8,14 @@
 
 mod file;
 pub mod sensor;
+pub mod spool;
 pub mod stream;
 
 use std::path::PathBuf;
 
 use crate::cube::{ByteOrder, DataType, Header, Interleave};
 
-pub use file::FileSource;
+pub use file::{FileSource, OpenError};
 pub use stream::StreamSource;
 
 /// The longest scene id accepted.
