@@ -32,10 +32,14 @@ struct Model<'a> {
 }
 
 fn write_config(dir: &Path, models: &[Model], extra_intake: &str) -> PathBuf {
+    write_config_with(dir, models, extra_intake, "")
+}
+
+fn write_config_with(dir: &Path, models: &[Model], extra_intake: &str, tables: &str) -> PathBuf {
     let mut text = format!(
         "[listen]\ntcp = \"127.0.0.1:0\"\nunix = \"{d}/stream.sock\"\n\
          [paths]\noutbox = \"{d}/outbox\"\nstate = \"{d}/state\"\ncontrol = \"{d}/control.sock\"\n\
-         [intake]\ndefault_model = \"{first}\"\n{extra_intake}\n",
+         [intake]\ndefault_model = \"{first}\"\n{extra_intake}\n{tables}\n",
         d = dir.display(),
         first = models[0].name
     );
@@ -793,4 +797,65 @@ fn memory_stays_flat_across_100_consecutive_scenes() {
         last <= first + 8 * 1024,
         "VmRSS grew from {first} KiB to {last} KiB over 90 scenes"
     );
+}
+
+#[test]
+fn cubes_dropped_in_the_spool_are_served_like_streamed_scenes() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cubes = d.join("cubes");
+    std::fs::create_dir(&cubes).unwrap();
+    let good = tiny_cube(&cubes, "drop-1", 24, 16);
+    write_cube(&cubes, "drop-5b", 8, 8, 5, |_, _, _| 1.0);
+    write_config_with(
+        d,
+        &[Model {
+            name: "tiny",
+            manifest: &tiny(),
+            mode: "dense",
+            batch: 1,
+        }],
+        "",
+        &format!("[spool]\nroot = \"{}/spool\"\npoll_s = 0.05\n", d.display()),
+    );
+    let daemon = Daemon::start(d);
+    daemon.wait_for(
+        "listening",
+        |v| v["listener"].as_str().unwrap().starts_with("spool "),
+        Duration::ZERO,
+    );
+    // The producer's convention: the data file first, then the header renamed in.
+    let incoming = d.join("spool/incoming");
+    for name in ["drop-1", "drop-5b"] {
+        std::fs::copy(cubes.join(format!("{name}.img")), incoming.join(format!("{name}.img"))).unwrap();
+        std::fs::copy(cubes.join(format!("{name}.hdr")), incoming.join(format!(".{name}.tmp"))).unwrap();
+        std::fs::rename(
+            incoming.join(format!(".{name}.tmp")),
+            incoming.join(format!("{name}.hdr")),
+        )
+        .unwrap();
+    }
+    daemon.wait_for("scene_done", |v| v["scene_id"] == "drop-1", Duration::from_secs(30));
+    let want = d.join("classify");
+    classify(&good, &tiny(), "dense", 1, &want);
+    same_maps(&d.join("outbox/drop-1"), &want);
+    // The claim ends in done/ with the scene's record, the refused cube in failed/ with why.
+    let start = Instant::now();
+    while !(d.join("spool/done/drop-1/drop-1.json").is_file()
+        && d.join("spool/failed/drop-5b/drop-5b.reason").is_file())
+    {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "claims not released: {:?}",
+            tree(&d.join("spool"))
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let record = String::from_utf8(read(&d.join("spool/done/drop-1/drop-1.json"))).unwrap();
+    assert!(record.contains("\"lines\": 24"), "{record}");
+    let reason = String::from_utf8(read(&d.join("spool/failed/drop-5b/drop-5b.reason"))).unwrap();
+    assert!(reason.contains("5 bands"), "{reason}");
+    assert!(!d.join("outbox/drop-5b").exists());
+    assert_eq!(daemon.control(r#"{"cmd":"drain"}"#)["ok"], true);
+    assert_eq!(daemon.wait(Duration::from_secs(30)), Some(0));
 }

@@ -102,6 +102,9 @@ pub fn checks(root: &Path, config_path: &Path) -> Vec<Check> {
         ("daemon outbox", c.outbox.clone(), false),
         ("daemon state", c.state.clone(), false),
     ];
+    if let Some((spool, _)) = &c.spool {
+        folders.push(("daemon spool", spool.clone(), false));
+    }
     if let Some(parent) = c.control.parent() {
         folders.push(("daemon control socket folder", parent.to_path_buf(), true));
     }

@@ -56,6 +56,8 @@ pub struct RawConfig {
     pub listen: RawListen,
     /// `[paths]`.
     pub paths: RawPaths,
+    /// `[spool]`.
+    pub spool: Option<RawSpool>,
     /// `[intake]`.
     #[serde(default)]
     pub intake: RawIntake,
@@ -75,6 +77,20 @@ pub struct RawListen {
     pub tcp: Option<String>,
     /// A Unix socket path.
     pub unix: Option<PathBuf>,
+}
+
+/// `[spool]`: a folder of complete cubes (`source::spool`), the second intake.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawSpool {
+    /// The spool root (`incoming/`, `work/`, `done/`, `failed/` under it).
+    pub root: PathBuf,
+    /// Seconds between looks at `incoming/`.
+    pub poll_s: Option<f64>,
+    /// Seconds an incomplete cube may stay unchanged before it is failed.
+    pub grace_s: Option<f64>,
+    /// Times one scene is handed out before a further recovery fails it.
+    pub max_attempts: Option<u32>,
 }
 
 /// `[paths]`.
@@ -179,6 +195,8 @@ pub struct Config {
     pub tcp: Option<SocketAddr>,
     /// The Unix listener's path.
     pub unix: Option<PathBuf>,
+    /// The spool intake: its root and options.
+    pub spool: Option<(PathBuf, crate::source::spool::SpoolOptions)>,
     /// The outbox.
     pub outbox: PathBuf,
     /// The state folder.
@@ -260,8 +278,12 @@ impl RawConfig {
             })
             .transpose()?;
         let unix = self.listen.unix.as_deref().map(abs);
-        if tcp.is_none() && unix.is_none() {
-            return Err(bad("listen", "no intake: give `tcp`, `unix` or both".into()));
+        let spool = self.spool.map(|s| s.validate(&abs, &bad)).transpose()?;
+        if tcp.is_none() && unix.is_none() && spool.is_none() {
+            return Err(bad(
+                "listen",
+                "no intake: give listen.tcp, listen.unix or a [spool] (any of them)".into(),
+            ));
         }
         for (key, p) in [
             ("paths.outbox", &self.paths.outbox),
@@ -359,10 +381,23 @@ impl RawConfig {
             }
             _ => {}
         }
+        if let Some((root, _)) = &spool
+            && (root.starts_with(&outbox) || outbox.starts_with(root.join("incoming")))
+        {
+            return Err(bad(
+                "spool.root",
+                format!(
+                    "{} and the outbox {} must not hold one another's scenes",
+                    root.display(),
+                    outbox.display()
+                ),
+            ));
+        }
         Ok(Config {
             path: path.to_path_buf(),
             tcp,
             unix,
+            spool,
             outbox,
             state,
             control,
@@ -373,6 +408,38 @@ impl RawConfig {
 }
 
 type Bad<'a> = &'a dyn Fn(&str, String) -> ConfigError;
+
+impl RawSpool {
+    fn validate(
+        self,
+        abs: &dyn Fn(&Path) -> PathBuf,
+        bad: Bad,
+    ) -> Result<(PathBuf, crate::source::spool::SpoolOptions), ConfigError> {
+        let d = crate::source::spool::SpoolOptions::default();
+        let seconds = |key: &str, v: Option<f64>, default: Duration| -> Result<Duration, ConfigError> {
+            match v {
+                None => Ok(default),
+                Some(s) if s.is_finite() && s > 0.0 && s <= 1e6 => Ok(Duration::from_secs_f64(s)),
+                Some(s) => Err(bad(key, format!("{s} is not a number of seconds > 0"))),
+            }
+        };
+        if self.root.as_os_str().is_empty() {
+            return Err(bad("spool.root", "is empty".into()));
+        }
+        let max_attempts = match self.max_attempts {
+            Some(0) => return Err(bad("spool.max_attempts", "must be at least 1".into())),
+            v => v.unwrap_or(d.max_attempts),
+        };
+        Ok((
+            abs(&self.root),
+            crate::source::spool::SpoolOptions {
+                poll: seconds("spool.poll_s", self.poll_s, d.poll)?,
+                grace: seconds("spool.grace_s", self.grace_s, d.grace)?,
+                max_attempts,
+            },
+        ))
+    }
+}
 
 impl RawIntake {
     fn validate(self, bad: Bad) -> Result<Intake, ConfigError> {
@@ -447,7 +514,7 @@ impl RawEngine {
             None => Arena::default(),
             Some(a) => a.parse::<Arena>().map_err(|e| bad("engine.arena", e))?,
         };
-        let producer_nice = self.producer_nice.unwrap_or(crate::engine::DEFAULT_PRODUCER_NICE);
+        let producer_nice = self.producer_nice.unwrap_or(crate::job::STREAM_PRODUCER_NICE);
         if !(0..=19).contains(&producer_nice) {
             return Err(bad(
                 "engine.producer_nice",
@@ -476,6 +543,9 @@ impl Config {
         }
         if self.unix != new.unix {
             keys.push("listen.unix");
+        }
+        if self.spool != new.spool {
+            keys.push("spool");
         }
         if self.outbox != new.outbox {
             keys.push("paths.outbox");
@@ -601,6 +671,15 @@ manifest = "/m/tiny/manifest.json"
     fn values_out_of_range_are_refused_naming_the_key() {
         let cases = [
             (MINIMAL.replace("tcp = \"127.0.0.1:0\"", ""), "key `listen`"),
+            (format!("{MINIMAL}[spool]\nroot = \"out\""), "key `spool.root`"),
+            (
+                format!("{MINIMAL}[spool]\nroot = \"/s\"\npoll_s = 0.0"),
+                "key `spool.poll_s`",
+            ),
+            (
+                format!("{MINIMAL}[spool]\nroot = \"/s\"\nmax_attempts = 0"),
+                "key `spool.max_attempts`",
+            ),
             (MINIMAL.replace("127.0.0.1:0", "localhost"), "key `listen.tcp`"),
             (
                 MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = 0"),

@@ -5,8 +5,9 @@
 //! full, `submit` blocks, so the intake stops reading (a socket's sender is slowed by TCP
 //! backpressure, a spool leaves its files where they are).
 //!
-//! A spool intake implements [`IntakeScene`] over a `FileSource` and its claim: `release(true)`
-//! marks the claim done, `release(false)` failed.
+//! The spool intake ([`super::spool`]) implements [`IntakeScene`] over a `FileSource` and its
+//! claim: a written scene's claim is marked done with the scene's record, a failed one failed
+//! with its error.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -31,9 +32,9 @@ pub trait IntakeScene: Send {
         Ok(())
     }
 
-    /// The scene is over, written (`ok`) or failed and moved aside; the intake releases what it
-    /// holds for it.
-    fn release(self: Box<Self>, ok: bool);
+    /// The scene is over: written (`Ok`, with the record the daemon logged) or failed or refused
+    /// (`Err`, with the error chain); the intake releases what it holds for it.
+    fn release(self: Box<Self>, outcome: Result<&serde_json::Value, &str>);
 }
 
 /// A scene queued for a model's workers.
@@ -243,9 +244,9 @@ impl IntakeScene for StreamScene {
         }
     }
 
-    fn release(self: Box<Self>, ok: bool) {
+    fn release(self: Box<Self>, outcome: Result<&serde_json::Value, &str>) {
         let Self { source, reply } = *self;
-        let next = (ok && source.ended()).then(|| source.into_inner());
+        let next = (outcome.is_ok() && source.ended()).then(|| source.into_inner());
         // The connection's thread may be gone (a drain cut it off): nothing is left to hand back.
         let _ = reply.send(next);
     }

@@ -25,6 +25,7 @@ pub mod log;
 pub mod notify;
 pub mod outbox;
 mod service;
+pub mod spool;
 pub mod status;
 pub mod worker;
 
@@ -62,6 +63,9 @@ pub enum DaemonError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The spool folder could not be opened.
+    #[error("opening the spool")]
+    Spool(#[from] crate::source::spool::SpoolError),
     /// A file or folder of the daemon's.
     #[error("{path}")]
     Io {

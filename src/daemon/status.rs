@@ -20,8 +20,8 @@ pub struct SceneEntry {
     pub model: String,
     /// `dense` or `patch`.
     pub mode: &'static str,
-    /// Units per batch.
-    pub batch: usize,
+    /// Units per batch now (the pipeline reports it after each batch).
+    pub batch: AtomicU64,
     /// Pixels per line.
     pub samples: usize,
     /// Lines read from the source so far.
@@ -43,8 +43,8 @@ pub struct SceneReport {
     pub model: String,
     /// `dense` or `patch`.
     pub mode: &'static str,
-    /// Units per batch.
-    pub batch: usize,
+    /// Units per batch now.
+    pub batch: u64,
     /// Lines received.
     pub lines: u64,
     /// Lines whose maps are done.
@@ -118,7 +118,7 @@ impl Status {
                     folder: e.folder.clone(),
                     model: e.model.clone(),
                     mode: e.mode,
-                    batch: e.batch,
+                    batch: e.batch.load(Ordering::Relaxed),
                     lines,
                     lines_done: e.pixels.load(Ordering::Relaxed) / e.samples.max(1) as u64,
                     lines_per_s: if elapsed_s > 0.0 { lines as f64 / elapsed_s } else { 0.0 },
@@ -155,7 +155,7 @@ mod tests {
             folder: "/o/a".into(),
             model: "m".into(),
             mode: "dense",
-            batch: 2,
+            batch: AtomicU64::new(2),
             samples: 10,
             lines: AtomicU64::new(0),
             pixels: AtomicU64::new(0),
