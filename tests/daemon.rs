@@ -59,7 +59,11 @@ fn write_config_with(dir: &Path, models: &[Model], extra_intake: &str, tables: &
 
 impl Daemon {
     fn start(dir: &Path) -> Self {
-        let mut child = hsiedge()
+        Self::start_with(hsiedge(), dir)
+    }
+
+    fn start_with(mut command: std::process::Command, dir: &Path) -> Self {
+        let mut child = command
             .args(["serve", "--config"])
             .arg(dir.join("hsiedge.toml"))
             .stdout(Stdio::null())
@@ -858,4 +862,47 @@ fn cubes_dropped_in_the_spool_are_served_like_streamed_scenes() {
     assert!(!d.join("outbox/drop-5b").exists());
     assert_eq!(daemon.control(r#"{"cmd":"drain"}"#)["ok"], true);
     assert_eq!(daemon.wait(Duration::from_secs(30)), Some(0));
+}
+
+#[test]
+fn under_a_memory_cap_the_budget_binds_to_the_cgroup() {
+    let cap_bytes: u64 = 512 << 20;
+    let cap = match hsiedge::budget::wall::MemoryCap::new(Path::new("/"), cap_bytes) {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI runs as root with a cgroup memory controller: {e}"
+            );
+            eprintln!("skipped: no writable cgroup memory controller ({e})");
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cube = tiny_cube(d, "capped", 32, 32);
+    write_config(
+        d,
+        &[Model {
+            name: "tiny",
+            manifest: &tiny(),
+            mode: "dense",
+            batch: 1,
+        }],
+        "",
+    );
+    // What a unit's MemoryMax= does: the daemon runs inside a memory-limited cgroup.
+    let mut command = cap.command(Path::new(env!("CARGO_BIN_EXE_hsiedge")));
+    command.env("HSIEDGE_CACHE_DIR", no_sweep_cache());
+    let daemon = Daemon::start_with(command, d);
+    let status = daemon.control(r#"{"cmd":"status"}"#);
+    let budget = &status["memory_budget"];
+    assert_eq!(budget["binding"], "cgroup", "{status}");
+    assert!(budget["budget_bytes"].as_u64().unwrap() <= cap_bytes, "{budget}");
+    eprintln!("under a {} MiB cap: {budget}", cap_bytes >> 20);
+    sensor_ok(&cube, &daemon.unix(), &["--scene-id", "capped"]);
+    daemon.wait_for("scene_done", |v| v["scene_id"] == "capped", Duration::from_secs(30));
+    assert_eq!(daemon.control(r#"{"cmd":"drain"}"#)["ok"], true);
+    assert_eq!(daemon.wait(Duration::from_secs(30)), Some(0));
+    assert_eq!(cap.oom_kills(), 0);
 }

@@ -95,7 +95,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     let mut sigterm = signal(SignalKind::terminate()).map_err(runtime_err("catching SIGTERM"))?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(runtime_err("catching SIGINT"))?;
     let mut sighup = signal(SignalKind::hangup()).map_err(runtime_err("catching SIGHUP"))?;
-    let notifier = Notifier::from_env().map_err(runtime_err("the NOTIFY_SOCKET socket"))?;
+    let notifier = Arc::new(Notifier::from_env().map_err(runtime_err("the NOTIFY_SOCKET socket"))?);
 
     outbox::prepare(&config.outbox, &config.state)?;
     for i in outbox::recover(&config.outbox, &config.state)? {
@@ -206,16 +206,24 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         tokio::select! {
             _ = sigterm.recv() => break "SIGTERM",
             _ = sigint.recv() => break "SIGINT",
+            // A reload runs beside this loop (opening sessions takes a while: the watchdog goes
+            // on); reloads queue on the daemon's lock.
             _ = sighup.recv() => {
-                let reply = reload(&daemon, &shared, &notifier).await;
-                log_reload("SIGHUP", &reply);
+                let (d, s, n) = (daemon.clone(), shared.clone(), notifier.clone());
+                tokio::spawn(async move {
+                    let reply = reload(&d, &s, &n).await;
+                    log_reload("SIGHUP", &reply);
+                });
             }
             cmd = commands.recv() => match cmd {
                 Some(Command::Drain) | None => break "drain requested on the control socket",
                 Some(Command::Reload(reply)) => {
-                    let r = reload(&daemon, &shared, &notifier).await;
-                    log_reload("control socket", &r);
-                    let _ = reply.send(r);
+                    let (d, s, n) = (daemon.clone(), shared.clone(), notifier.clone());
+                    tokio::spawn(async move {
+                        let r = reload(&d, &s, &n).await;
+                        log_reload("control socket", &r);
+                        let _ = reply.send(r);
+                    });
                 }
             },
             _ = tick(&mut watchdog) => warn(notifier.watchdog()),
@@ -353,6 +361,9 @@ async fn reload(daemon: &Arc<Mutex<Daemon>>, shared: &Arc<Shared>, notifier: &No
 
 fn reload_blocking(daemon: &Mutex<Daemon>, shared: &Shared) -> serde_json::Value {
     let mut d = lock(daemon);
+    if shared.draining() {
+        return serde_json::json!({"ok": false, "error": "the daemon is draining: nothing is reloaded"});
+    }
     let new = match config::load(&d.config.path) {
         Ok(c) => c,
         Err(e) => return serde_json::json!({"ok": false, "error": error_chain(&e)}),
