@@ -906,3 +906,53 @@ fn under_a_memory_cap_the_budget_binds_to_the_cgroup() {
     assert_eq!(daemon.wait(Duration::from_secs(30)), Some(0));
     assert_eq!(cap.oom_kills(), 0);
 }
+
+#[test]
+fn a_configuration_that_cannot_serve_stops_the_start_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let tiny_model = tiny();
+    let config = write_config(
+        d,
+        &[Model {
+            name: "tiny",
+            manifest: &tiny_model,
+            mode: "dense",
+            batch: 1,
+        }],
+        "",
+    );
+    let good = std::fs::read_to_string(&config).unwrap();
+    let cfg = config.to_str().unwrap();
+    // An unknown key: the file, the key and its line.
+    std::fs::write(&config, good.replace("[models.tiny]", "[models.tiny]\nbatch_size = 4")).unwrap();
+    let err = fails(&["serve", "--config", cfg]);
+    assert!(
+        err.contains(cfg) && err.contains("batch_size") && err.contains("line"),
+        "{err}"
+    );
+    // A wrong type.
+    std::fs::write(&config, good.replace("batch = 1", "batch = \"one\"")).unwrap();
+    let err = fails(&["serve", "--config", cfg]);
+    assert!(err.contains("batch") && err.contains("invalid type"), "{err}");
+    // A manifest that is not there: the model is named.
+    std::fs::write(
+        &config,
+        good.replace(tiny_model.to_str().unwrap(), "/nonexistent/manifest.json"),
+    )
+    .unwrap();
+    let err = fails(&["serve", "--config", cfg]);
+    assert!(
+        err.contains("model `tiny`") && err.contains("/nonexistent/manifest.json"),
+        "{err}"
+    );
+    // A TCP address another process holds.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    std::fs::write(&config, good.replace("127.0.0.1:0", &addr)).unwrap();
+    let err = fails(&["serve", "--config", cfg]);
+    assert!(err.contains(&format!("binding tcp {addr}")), "{err}");
+    // No file at all.
+    let err = fails(&["serve", "--config", d.join("missing.toml").to_str().unwrap()]);
+    assert!(err.contains("missing.toml"), "{err}");
+}
