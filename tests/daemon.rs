@@ -956,3 +956,45 @@ fn a_configuration_that_cannot_serve_stops_the_start_with_a_clear_error() {
     let err = fails(&["serve", "--config", d.join("missing.toml").to_str().unwrap()]);
     assert!(err.contains("missing.toml"), "{err}");
 }
+
+#[test]
+fn systemd_hears_ready_status_watchdog_and_stopping() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    write_config(
+        d,
+        &[Model {
+            name: "tiny",
+            manifest: &tiny(),
+            mode: "dense",
+            batch: 1,
+        }],
+        "",
+    );
+    let notify = std::os::unix::net::UnixDatagram::bind(d.join("notify.sock")).unwrap();
+    notify.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut command = hsiedge();
+    command
+        .env("NOTIFY_SOCKET", d.join("notify.sock"))
+        // A 200 ms watchdog: pings every 100 ms.
+        .env("WATCHDOG_USEC", "200000");
+    let daemon = Daemon::start_with(command, d);
+    let mut got: Vec<String> = Vec::new();
+    let mut buf = [0u8; 4096];
+    let mut recv = |got: &mut Vec<String>| {
+        let n = notify.recv(&mut buf).expect("a notification within 10 s");
+        got.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    };
+    while got.iter().filter(|m| *m == "WATCHDOG=1").count() < 3 {
+        recv(&mut got);
+    }
+    assert!(
+        got[0].starts_with("READY=1\nSTATUS=serving: 0 scene(s) in flight"),
+        "{got:?}"
+    );
+    daemon.signal("TERM");
+    while !got.iter().any(|m| m.starts_with("STOPPING=1")) {
+        recv(&mut got);
+    }
+    assert_eq!(daemon.wait(Duration::from_secs(30)), Some(0));
+}
