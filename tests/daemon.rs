@@ -79,6 +79,9 @@ impl Daemon {
                 // The daemon's resident memory when it reported the scene done.
                 if v["event"] == "scene_done" {
                     v["vm_rss_kib"] = vm_rss_kib(pid).into();
+                    v["threads"] = std::fs::read_dir(format!("/proc/{pid}/task"))
+                        .map_or(0, |d| d.count())
+                        .into();
                 }
                 sink.lock().unwrap().push(v);
             }
@@ -761,7 +764,9 @@ fn memory_stays_flat_across_100_consecutive_scenes() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let cube = tiny_cube(d, "small", 48, 32);
-    write_config(
+    // The tiling thread at nice 19: were its priority to leak into the worker, the check
+    // at the end would see it.
+    write_config_with(
         d,
         &[Model {
             name: "tiny",
@@ -770,6 +775,7 @@ fn memory_stays_flat_across_100_consecutive_scenes() {
             batch: 1,
         }],
         "",
+        "[engine]\nproducer_nice = 19\n",
     );
     let daemon = Daemon::start(d);
     let t = Instant::now();
@@ -801,6 +807,36 @@ fn memory_stays_flat_across_100_consecutive_scenes() {
         last <= first + 8 * 1024,
         "VmRSS grew from {first} KiB to {last} KiB over 90 scenes"
     );
+    // No scene leaves a thread behind (a running scene adds its tiling and sampling threads), and
+    // the worker that ran them all keeps its priority: the tiling thread lowers only its own.
+    let threads = |id: &str| {
+        daemon.wait_for("scene_done", |v| v["scene_id"] == id, Duration::ZERO)["threads"]
+            .as_u64()
+            .unwrap()
+    };
+    assert!(
+        threads("r-100") <= threads("r-10") + 2,
+        "threads {} -> {}",
+        threads("r-10"),
+        threads("r-100")
+    );
+    let pid = daemon.child.id();
+    // Field 19 (nice), counted after the `(comm)` field, which may hold spaces.
+    let nice = |task: &Path| -> Option<i32> {
+        let stat = std::fs::read_to_string(task.join("stat")).ok()?;
+        stat[stat.rfind(')')? + 2..].split_whitespace().nth(16)?.parse().ok()
+    };
+    let main_nice = nice(Path::new(&format!("/proc/{pid}"))).expect("the daemon's nice");
+    let worker_nice = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .find_map(|t| {
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            (comm.trim() == "hsiedge-tiny-0").then(|| nice(&t.path()))?
+        })
+        .expect("the worker thread hsiedge-tiny-0");
+    // The test may itself run under `nice`: the worker must have the process's own value.
+    assert_eq!(worker_nice, main_nice, "the worker's nice after 100 scenes");
 }
 
 #[test]
