@@ -1034,3 +1034,54 @@ fn systemd_hears_ready_status_watchdog_and_stopping() {
     }
     assert_eq!(daemon.wait(Duration::from_secs(30)), Some(0));
 }
+
+#[test]
+fn a_drain_that_runs_out_of_time_cuts_the_scene_and_moves_it_aside() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cube = tiny_cube(d, "endless", 400, 16);
+    write_config(
+        d,
+        &[Model {
+            name: "tiny",
+            manifest: &tiny(),
+            mode: "dense",
+            batch: 1,
+        }],
+        "drain_timeout_s = 1.0\nsegment_lines = 16\n",
+    );
+    let daemon = Daemon::start(d);
+    // 400 lines at 20 lines/s: 20 s, far past the drain's 1 s.
+    let mut sensor = hsiedge()
+        .args(["simulate-sensor", "--scene"])
+        .arg(&cube)
+        .args(["--rate", "20", "--connect", &daemon.unix(), "--scene-id", "long"])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let seg = d.join("outbox/long/seg-000000/class_map.img");
+    let start = Instant::now();
+    while !seg.exists() {
+        assert!(start.elapsed() < Duration::from_secs(30), "no segment committed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let t = Instant::now();
+    daemon.signal("TERM");
+    daemon.wait_for("drain_timeout", |_| true, Duration::from_secs(10));
+    let failed = daemon.wait_for("scene_failed", |v| v["scene_id"] == "long", Duration::from_secs(10));
+    assert_eq!(daemon.wait(Duration::from_secs(20)), Some(0));
+    eprintln!(
+        "stopped {:.2} s after SIGTERM with a 1 s drain timeout",
+        t.elapsed().as_secs_f64()
+    );
+    let _ = sensor.kill();
+    let _ = sensor.wait();
+    assert!(
+        failed["moved_to"].as_str().unwrap().ends_with(".failed/long"),
+        "{failed}"
+    );
+    // What was committed before the cut is kept, with the reason beside it.
+    assert!(d.join("outbox/.failed/long/seg-000000/class_map.img").is_file());
+    assert!(d.join("outbox/.failed/long/error.json").is_file());
+    assert!(std::fs::read_dir(d.join("state/in-flight")).unwrap().next().is_none());
+}
