@@ -1,0 +1,185 @@
+//! Unit tests of the configuration: the example file, defaults, refusals naming the key.
+use super::*;
+
+const MINIMAL: &str = r#"
+[listen]
+tcp = "127.0.0.1:0"
+[paths]
+outbox = "out"
+state = "/var/lib/hsiedge"
+control = "/run/hsiedge/control.sock"
+[models.tiny]
+manifest = "/m/tiny/manifest.json"
+"#;
+
+fn load_str(text: &str) -> Result<Config, ConfigError> {
+    parse(text, Path::new("/etc/hsiedge/hsiedge.toml"))?.validate(Path::new("/etc/hsiedge/hsiedge.toml"))
+}
+
+#[test]
+fn the_example_file_parses_and_validates() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/hsiedge.toml");
+    let c = load(&path).unwrap();
+    assert!(c.tcp.is_some() && c.unix.is_some());
+    assert_eq!(c.intake.segment_lines, defaults::SEGMENT_LINES);
+    assert!(!c.models.is_empty());
+    // Every key the raw structs know is written out (commented or not) in the example.
+    let text = std::fs::read_to_string(&path).unwrap();
+    for key in [
+        "tcp",
+        "unix",
+        "outbox",
+        "state",
+        "control",
+        "default_model",
+        "segment_lines",
+        "max_connections",
+        "queue",
+        "max_header_bytes",
+        "max_line_bytes",
+        "max_gap",
+        "idle_timeout_s",
+        "line_timeout_s",
+        "drain_timeout_s",
+        "ort_lib",
+        "arena",
+        "spin",
+        "memory_pattern",
+        "producer_nice",
+        "manifest",
+        "mode",
+        "batch",
+        "tile",
+        "threads",
+        "keep_scores",
+        "workers",
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.trim_start_matches(['#', ' ']).starts_with(&format!("{key} ="))),
+            "the example does not document `{key}`"
+        );
+    }
+}
+
+#[test]
+fn defaults_fill_what_is_left_out_and_relative_paths_follow_the_file() {
+    let c = load_str(MINIMAL).unwrap();
+    assert_eq!(c.outbox, PathBuf::from("/etc/hsiedge/out"));
+    assert_eq!(c.intake.queue, defaults::QUEUE);
+    assert_eq!(c.intake.limits, Limits::default());
+    assert_eq!(c.intake.drain_timeout, Duration::from_secs(60));
+    let m = &c.models["tiny"];
+    assert_eq!(
+        (m.workers, m.session.batch, m.session.tile),
+        (1, None, crate::job::DEFAULT_TILE)
+    );
+    assert_eq!(m.session.mode, ModeChoice::Auto);
+}
+
+#[test]
+fn unknown_keys_and_wrong_types_are_refused_naming_the_key() {
+    let cases = [
+        (
+            MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatchsize = 3"),
+            "batchsize",
+        ),
+        (MINIMAL.replace("[paths]", "[paths]\nspool = \"/x\""), "spool"),
+        (
+            MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = \"many\""),
+            "batch",
+        ),
+        (MINIMAL.replace("[models.tiny]", "[models.tiny]\ntile = -3"), "tile"),
+        (MINIMAL.replace("[listen]", "[listen]\nudp = \"x\""), "udp"),
+        (format!("{MINIMAL}\n[intake]\nqueue = true"), "queue"),
+    ];
+    for (text, key) in cases {
+        let e = load_str(&text).unwrap_err().to_string();
+        assert!(e.starts_with("/etc/hsiedge/hsiedge.toml: "), "{e}");
+        assert!(e.contains(key), "{key}: {e}");
+        assert!(e.contains("line "), "{key}: {e}");
+    }
+}
+
+#[test]
+fn values_out_of_range_are_refused_naming_the_key() {
+    let cases = [
+        (MINIMAL.replace("tcp = \"127.0.0.1:0\"", ""), "key `listen`"),
+        (format!("{MINIMAL}[spool]\nroot = \"out\""), "key `spool.root`"),
+        (
+            format!("{MINIMAL}[spool]\nroot = \"/s\"\npoll_s = 0.0"),
+            "key `spool.poll_s`",
+        ),
+        (
+            format!("{MINIMAL}[spool]\nroot = \"/s\"\nmax_attempts = 0"),
+            "key `spool.max_attempts`",
+        ),
+        (MINIMAL.replace("127.0.0.1:0", "localhost"), "key `listen.tcp`"),
+        (
+            MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = 0"),
+            "key `models.tiny.batch`",
+        ),
+        (
+            MINIMAL.replace("[models.tiny]", "[models.tiny]\nmode = \"fast\""),
+            "key `models.tiny.mode`",
+        ),
+        (
+            MINIMAL.replace("[models.tiny]", "[models.tiny]\nworkers = 0"),
+            "key `models.tiny.workers`",
+        ),
+        (
+            MINIMAL.replace("[models.tiny]", "[models.tiny]\nthreads = 100000"),
+            "key `models.tiny.threads`",
+        ),
+        (
+            MINIMAL.replace("[models.tiny]", "[models.\"../x\"]"),
+            "key `models.../x`",
+        ),
+        (
+            MINIMAL.replace("state = \"/var/lib/hsiedge\"", "state = \"out/state\""),
+            "key `paths.state`",
+        ),
+        (
+            format!("{MINIMAL}[intake]\ndefault_model = \"other\""),
+            "key `intake.default_model`",
+        ),
+        (
+            format!("{MINIMAL}[intake]\nmax_line_bytes = 0"),
+            "key `intake.max_line_bytes`",
+        ),
+        (
+            format!("{MINIMAL}[intake]\nmax_header_bytes = 10"),
+            "key `intake.max_header_bytes`",
+        ),
+        (
+            format!("{MINIMAL}[intake]\ndrain_timeout_s = -1.0"),
+            "key `intake.drain_timeout_s`",
+        ),
+        (format!("{MINIMAL}[intake]\nqueue = 0"), "key `intake.queue`"),
+        (format!("{MINIMAL}[engine]\narena = \"huge\""), "key `engine.arena`"),
+        (
+            format!("{MINIMAL}[engine]\nproducer_nice = 20"),
+            "key `engine.producer_nice`",
+        ),
+        (
+            MINIMAL.replace("[models.tiny]\nmanifest = \"/m/tiny/manifest.json\"", ""),
+            "key `models`",
+        ),
+    ];
+    for (text, want) in cases {
+        let e = load_str(&text).unwrap_err().to_string();
+        assert!(e.contains(want), "{want}: {e}");
+    }
+}
+
+#[test]
+fn a_reload_names_the_keys_only_a_restart_applies() {
+    let a = load_str(MINIMAL).unwrap();
+    let mut b = a.clone();
+    b.models.get_mut("tiny").unwrap().session.batch = Some(8);
+    b.intake.segment_lines = 16;
+    assert!(a.restart_only_changes(&b).is_empty());
+    b.outbox = "/elsewhere".into();
+    b.tcp = None;
+    assert_eq!(a.restart_only_changes(&b), ["listen.tcp", "paths.outbox"]);
+}
