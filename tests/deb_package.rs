@@ -105,6 +105,13 @@ fn check(arch: &str) {
     ] {
         assert!(has(doc).is_some(), "{doc} missing:\n{contents}");
     }
+    // The daemon's unit and its default configuration (a conffile, being under /etc).
+    assert_eq!(
+        has("/usr/lib/systemd/system/hsiedge.service"),
+        Some("-rw-r--r--"),
+        "{contents}"
+    );
+    assert_eq!(has("/etc/hsiedge/hsiedge.toml"), Some("-rw-r--r--"), "{contents}");
     // Every shipped model: manifest + the ONNX files it names, nothing from models/fixtures.
     let mut shipped = 0;
     for entry in std::fs::read_dir(root().join("models"))
@@ -141,7 +148,16 @@ fn check(arch: &str) {
     // Nothing outside the FHS places the package owns.
     for (_, f) in &files {
         assert!(
-            ["/", "/usr/", "/usr/bin/", "/usr/share/"].contains(f)
+            [
+                "/",
+                "/usr/",
+                "/usr/bin/",
+                "/usr/share/",
+                "/etc/",
+                "/usr/lib/",
+                "/usr/lib/systemd/"
+            ]
+            .contains(f)
                 || f.starts_with("/usr/bin/hsiedge")
                 || f.starts_with("/usr/share/hsiedge/")
                 || f.starts_with("/usr/share/doc/")
