@@ -108,6 +108,27 @@ pub const HSIEDGE_FAILPOINT: EnvVar = EnvVar {
     meaning: "testing only: `set-step:K` kills the process (SIGKILL) just before the K-th file-system step of writing an output set",
 };
 
+/// The service manager's notification socket (`hsiedge serve` under systemd `Type=notify`).
+pub const NOTIFY_SOCKET: EnvVar = EnvVar {
+    name: "NOTIFY_SOCKET",
+    default: "unset (no service manager: readiness, status and watchdog messages are not sent)",
+    meaning: "set by systemd: `hsiedge serve` sends READY=1, STATUS=, WATCHDOG=1 and STOPPING=1 there",
+};
+
+/// The watchdog period systemd expects pings within (`WatchdogSec=`).
+pub const WATCHDOG_USEC: EnvVar = EnvVar {
+    name: "WATCHDOG_USEC",
+    default: "unset (no watchdog pings)",
+    meaning: "set by systemd: `hsiedge serve` sends WATCHDOG=1 every half of this many microseconds",
+};
+
+/// The process the watchdog period is meant for.
+pub const WATCHDOG_PID: EnvVar = EnvVar {
+    name: "WATCHDOG_PID",
+    default: "unset (WATCHDOG_USEC applies to this process)",
+    meaning: "set by systemd: WATCHDOG_USEC applies only when this is the daemon's own pid",
+};
+
 /// All variables, in the order `hsiedge env` prints them.
 pub const ALL: &[EnvVar] = &[
     ORT_DYLIB_PATH,
@@ -119,6 +140,9 @@ pub const ALL: &[EnvVar] = &[
     XDG_CACHE_HOME,
     HOME,
     HSIEDGE_FAILPOINT,
+    NOTIFY_SOCKET,
+    WATCHDOG_USEC,
+    WATCHDOG_PID,
 ];
 
 /// Variables only the test suite and CI read (the integration tests cannot use this crate's

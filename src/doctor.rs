@@ -101,6 +101,9 @@ pub struct DoctorOptions {
     pub requirement: Requirement,
     /// Load the library found to read its build string (only meaningful for the running system).
     pub load: bool,
+    /// The daemon's configuration (`--config`), a path on the inspected system: its folders are
+    /// checked too ([`crate::daemon::check`]).
+    pub daemon_config: Option<PathBuf>,
 }
 
 impl DoctorOptions {
@@ -116,6 +119,7 @@ impl DoctorOptions {
             python_package: None,
             requirement: Requirement::Cpu,
             load: false,
+            daemon_config: None,
         }
     }
 
@@ -134,6 +138,7 @@ impl DoctorOptions {
             python_package: engine::python_onnxruntime_dir(),
             requirement,
             load: true,
+            daemon_config: None,
         }
     }
 
@@ -356,6 +361,9 @@ pub struct DoctorArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// Also check the daemon's configuration and its folders (owner, permissions).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
 }
 
 /// Runs `hsiedge doctor` with `args`: prints the report on stdout and returns the exit code
@@ -378,6 +386,10 @@ pub fn main(args: &DoctorArgs) -> i32 {
             load: !args.no_load,
             ..DoctorOptions::for_this_system(args.ort_lib.clone(), requirement)
         },
+    };
+    let options = DoctorOptions {
+        daemon_config: args.config.clone(),
+        ..options
     };
     let report = run(&options);
     if args.json {
@@ -415,6 +427,10 @@ pub fn run(opts: &DoctorOptions) -> Report {
 
     let nvpmodel = find_nvpmodel(opts);
     checks.push(nvpmodel_check(&nvpmodel, on_jetson));
+
+    if let Some(config) = &opts.daemon_config {
+        checks.extend(crate::daemon::check::checks(&opts.root, config));
+    }
 
     Report {
         root: opts.root.clone(),

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod budget;
 pub mod config;
 pub mod cube;
+pub mod daemon;
 pub mod doctor;
 pub mod engine;
 pub mod ffi;

@@ -251,6 +251,13 @@ enum Command {
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         repeat: u32,
     },
+    /// Serve scenes streamed by sensors until stopped (SIGTERM/SIGINT drain, SIGHUP reloads);
+    /// the configuration's keys are documented in systemd/hsiedge.toml.
+    Serve {
+        /// The configuration file (TOML).
+        #[arg(long, value_name = "FILE", default_value = "/etc/hsiedge/hsiedge.toml")]
+        config: PathBuf,
+    },
     /// Benchmarks (medians, with ratios against baselines measured in the same run).
     Bench {
         #[command(subcommand)]
@@ -384,8 +391,12 @@ enum BenchCommand {
 
 fn main() -> std::process::ExitCode {
     hsiedge::ffi::pin_allocator_thresholds();
-    hsiedge::ffi::default_sigpipe();
     let cli = Cli::parse();
+    // The daemon writes to sockets whose peers may vanish: it keeps SIGPIPE ignored (a write then
+    // fails with EPIPE); every other command dies quietly on a closed pipe, as a CLI tool should.
+    if !matches!(cli.command, Command::Serve { .. }) {
+        hsiedge::ffi::default_sigpipe();
+    }
     if let Command::Doctor { args } = &cli.command {
         return std::process::ExitCode::from(u8::try_from(hsiedge::doctor::main(args)).unwrap_or(1));
     }
@@ -656,6 +667,7 @@ fn run(cli: Cli) -> Result<()> {
             let r = hsiedge::bench::sweep::sweep(&opts)?;
             print_report(&r, json)
         }
+        Command::Serve { config } => Ok(hsiedge::daemon::serve(&config)?),
         Command::Doctor { .. } => Ok(()),
         Command::Env => {
             for v in hsiedge::config::ALL {

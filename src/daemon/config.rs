@@ -1,0 +1,673 @@
+//! The daemon's configuration file (TOML), in two stages: [`parse`] reads the text into raw structs
+//! that refuse unknown keys and wrong types (the `toml` crate's message names the key and its
+//! line), and [`RawConfig::validate`] checks ranges and names without touching any file. Opening
+//! models and binding sockets happens later, in the service. `systemd/hsiedge.toml` documents
+//! every key.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::engine::{Arena, EngineOptions, Provider};
+use crate::job::{ModeChoice, SessionSpec};
+use crate::source::stream::Limits;
+use crate::source::{MAX_LINE_BYTES, check_scene_id};
+
+/// Why a configuration cannot be used; every variant names the file, and the key when one is at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("reading the configuration {path}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// Not TOML, an unknown key or a value of the wrong type (the message names the key and line).
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// A value out of range or inconsistent with another.
+    #[error("{path}: key `{key}`: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The key, as a dotted path (`models.tiny.batch`).
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The file as written: every table refuses keys it does not know.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    /// `[listen]`.
+    #[serde(default)]
+    pub listen: RawListen,
+    /// `[paths]`.
+    pub paths: RawPaths,
+    /// `[intake]`.
+    #[serde(default)]
+    pub intake: RawIntake,
+    /// `[engine]`.
+    #[serde(default)]
+    pub engine: RawEngine,
+    /// `[models.NAME]`.
+    #[serde(default)]
+    pub models: BTreeMap<String, RawModel>,
+}
+
+/// `[listen]`: where sensors connect (at least one of the two).
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawListen {
+    /// `IP:PORT`.
+    pub tcp: Option<String>,
+    /// A Unix socket path.
+    pub unix: Option<PathBuf>,
+}
+
+/// `[paths]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPaths {
+    /// Where each scene's maps go, one folder per scene.
+    pub outbox: PathBuf,
+    /// The daemon's own state (scenes in flight, the scene log).
+    pub state: PathBuf,
+    /// The control socket.
+    pub control: PathBuf,
+}
+
+/// `[intake]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIntake {
+    /// The model of scenes that name none.
+    pub default_model: Option<String>,
+    /// Lines per committed segment (0: one set per scene).
+    pub segment_lines: Option<usize>,
+    /// Connections served at once.
+    pub max_connections: Option<usize>,
+    /// Scenes waiting for a model's workers.
+    pub queue: Option<usize>,
+    /// The longest scene message.
+    pub max_header_bytes: Option<usize>,
+    /// The longest raw line.
+    pub max_line_bytes: Option<usize>,
+    /// The most lines one message may leave missing.
+    pub max_gap: Option<u64>,
+    /// Seconds a connection may wait between scenes (0: no limit).
+    pub idle_timeout_s: Option<f64>,
+    /// Seconds a scene may wait for its next message (0: no limit).
+    pub line_timeout_s: Option<f64>,
+    /// Seconds a drain waits for scenes in flight before cutting them off.
+    pub drain_timeout_s: Option<f64>,
+}
+
+/// `[engine]`: ONNX Runtime settings every model shares.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawEngine {
+    /// The ONNX Runtime library.
+    pub ort_lib: Option<PathBuf>,
+    /// `exact`, `pow2` or `off`.
+    pub arena: Option<String>,
+    /// Spin-waiting intra-op threads.
+    pub spin: Option<bool>,
+    /// ONNX Runtime's memory pattern.
+    pub memory_pattern: Option<bool>,
+    /// Nice increment of the tiling thread.
+    pub producer_nice: Option<i32>,
+}
+
+/// `[models.NAME]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawModel {
+    /// The model manifest.
+    pub manifest: PathBuf,
+    /// `auto`, `dense` or `patch`.
+    pub mode: Option<String>,
+    /// Units per batch.
+    pub batch: Option<usize>,
+    /// Tile side.
+    pub tile: Option<usize>,
+    /// Intra-op threads (0: one per core).
+    pub threads: Option<usize>,
+    /// Write every output channel.
+    pub keep_scores: Option<bool>,
+    /// Scenes this model runs at once, each on a session of its own.
+    pub workers: Option<usize>,
+}
+
+/// Defaults of the keys left out.
+pub mod defaults {
+    /// `intake.segment_lines`.
+    pub const SEGMENT_LINES: usize = 4096;
+    /// `intake.max_connections`.
+    pub const MAX_CONNECTIONS: usize = 16;
+    /// `intake.queue`.
+    pub const QUEUE: usize = 2;
+    /// `intake.idle_timeout_s`.
+    pub const IDLE_TIMEOUT_S: f64 = 300.0;
+    /// `intake.line_timeout_s`.
+    pub const LINE_TIMEOUT_S: f64 = 60.0;
+    /// `intake.drain_timeout_s`: below systemd's default stop timeout (90 s), so a drain that has
+    /// to cut scenes off still ends on its own terms.
+    pub const DRAIN_TIMEOUT_S: f64 = 60.0;
+    /// `models.NAME.workers`.
+    pub const WORKERS: usize = 1;
+}
+
+/// A validated configuration: every value in range, every path absolute.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The file it came from.
+    pub path: PathBuf,
+    /// The TCP listener's address.
+    pub tcp: Option<SocketAddr>,
+    /// The Unix listener's path.
+    pub unix: Option<PathBuf>,
+    /// The outbox.
+    pub outbox: PathBuf,
+    /// The state folder.
+    pub state: PathBuf,
+    /// The control socket.
+    pub control: PathBuf,
+    /// Settings of scene intake.
+    pub intake: Intake,
+    /// The models, by name.
+    pub models: BTreeMap<String, ModelConfig>,
+}
+
+/// `[intake]`, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Intake {
+    /// The model of scenes that name none.
+    pub default_model: Option<String>,
+    /// Lines per committed segment (0: one set per scene).
+    pub segment_lines: usize,
+    /// Connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+    /// Scenes waiting per model for a free worker (their connections wait too).
+    pub queue: usize,
+    /// The stream's limits.
+    pub limits: Limits,
+    /// The longest raw line.
+    pub max_line_bytes: usize,
+    /// How long a connection may wait between scenes.
+    pub idle_timeout: Option<Duration>,
+    /// How long a scene may wait for its next message.
+    pub line_timeout: Option<Duration>,
+    /// How long a drain waits for scenes in flight.
+    pub drain_timeout: Duration,
+}
+
+/// One model, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelConfig {
+    /// What its sessions are built from.
+    pub session: SessionSpec,
+    /// Sessions (and worker threads) of this model.
+    pub workers: usize,
+}
+
+/// Reads and validates the configuration at `path`.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text, path)?.validate(path)
+}
+
+/// Parses `text` (from `path`, for messages) into the raw structs.
+pub fn parse(text: &str, path: &Path) -> Result<RawConfig, ConfigError> {
+    toml::from_str(text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string().trim_end().to_string(),
+    })
+}
+
+impl RawConfig {
+    /// Checks every value (no I/O); relative paths are taken from the configuration's folder.
+    pub fn validate(self, path: &Path) -> Result<Config, ConfigError> {
+        let bad = |key: &str, message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            key: key.to_string(),
+            message,
+        };
+        let base = path.parent().unwrap_or(Path::new("/"));
+        let abs = |p: &Path| if p.is_absolute() { p.to_path_buf() } else { base.join(p) };
+        let tcp = self
+            .listen
+            .tcp
+            .as_deref()
+            .map(|a| {
+                a.parse::<SocketAddr>()
+                    .map_err(|_| bad("listen.tcp", format!("`{a}` is not IP:PORT (e.g. 0.0.0.0:5555)")))
+            })
+            .transpose()?;
+        let unix = self.listen.unix.as_deref().map(abs);
+        if tcp.is_none() && unix.is_none() {
+            return Err(bad("listen", "no intake: give `tcp`, `unix` or both".into()));
+        }
+        for (key, p) in [
+            ("paths.outbox", &self.paths.outbox),
+            ("paths.state", &self.paths.state),
+            ("paths.control", &self.paths.control),
+        ] {
+            if p.as_os_str().is_empty() {
+                return Err(bad(key, "is empty".into()));
+            }
+        }
+        let (outbox, state, control) = (
+            abs(&self.paths.outbox),
+            abs(&self.paths.state),
+            abs(&self.paths.control),
+        );
+        if outbox == state || outbox.starts_with(&state) || state.starts_with(&outbox) {
+            return Err(bad(
+                "paths.state",
+                format!(
+                    "{} and the outbox {} must not hold one another",
+                    state.display(),
+                    outbox.display()
+                ),
+            ));
+        }
+        if unix.as_ref() == Some(&control) {
+            return Err(bad("paths.control", "is the same socket as listen.unix".into()));
+        }
+
+        let intake = self.intake.validate(&bad)?;
+        let engine = self.engine.validate(&bad)?;
+        if self.models.is_empty() {
+            return Err(bad("models", "no model: add a [models.NAME] table".into()));
+        }
+        let mut models = BTreeMap::new();
+        for (name, m) in self.models {
+            let key = |k: &str| format!("models.{name}.{k}");
+            check_scene_id(&name).map_err(|e| bad(&format!("models.{name}"), format!("a model name is {e}")))?;
+            if m.manifest.as_os_str().is_empty() {
+                return Err(bad(&key("manifest"), "is empty".into()));
+            }
+            let mode = match m.mode.as_deref().unwrap_or("auto") {
+                "auto" => ModeChoice::Auto,
+                "dense" => ModeChoice::Fixed(crate::pipeline::Mode::Dense),
+                "patch" => ModeChoice::Fixed(crate::pipeline::Mode::Patch),
+                other => return Err(bad(&key("mode"), format!("`{other}` is not auto, dense or patch"))),
+            };
+            let at_least_one = |k: &str, v: Option<usize>, default: usize| match v {
+                Some(0) => Err(bad(&key(k), "must be at least 1".into())),
+                v => Ok(v.unwrap_or(default)),
+            };
+            let batch = match m.batch {
+                Some(0) => return Err(bad(&key("batch"), "must be at least 1".into())),
+                b => b,
+            };
+            let tile = at_least_one("tile", m.tile, crate::job::DEFAULT_TILE)?;
+            let workers = at_least_one("workers", m.workers, defaults::WORKERS)?;
+            let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+            let threads = m.threads.unwrap_or(0);
+            if threads > cpus {
+                return Err(bad(
+                    &key("threads"),
+                    format!(
+                        "{threads} intra-op threads on {cpus} CPUs: oversubscribed threads only wait on each other"
+                    ),
+                ));
+            }
+            models.insert(
+                name.clone(),
+                ModelConfig {
+                    session: SessionSpec {
+                        manifest: abs(&m.manifest),
+                        mode,
+                        batch,
+                        tile,
+                        engine: EngineOptions {
+                            threads,
+                            ..engine.clone()
+                        },
+                        keep_scores: m.keep_scores.unwrap_or(false),
+                    },
+                    workers,
+                },
+            );
+        }
+        match &intake.default_model {
+            Some(d) if !models.contains_key(d) => {
+                return Err(bad(
+                    "intake.default_model",
+                    format!(
+                        "`{d}` is not a configured model ({})",
+                        models.keys().cloned().collect::<Vec<_>>().join(", ")
+                    ),
+                ));
+            }
+            _ => {}
+        }
+        Ok(Config {
+            path: path.to_path_buf(),
+            tcp,
+            unix,
+            outbox,
+            state,
+            control,
+            intake,
+            models,
+        })
+    }
+}
+
+type Bad<'a> = &'a dyn Fn(&str, String) -> ConfigError;
+
+impl RawIntake {
+    fn validate(self, bad: Bad) -> Result<Intake, ConfigError> {
+        let positive = |key: &str, v: Option<usize>, default: usize| match v {
+            Some(0) => Err(bad(key, "must be at least 1".into())),
+            v => Ok(v.unwrap_or(default)),
+        };
+        let seconds = |key: &str, v: Option<f64>, default: f64| -> Result<f64, ConfigError> {
+            let s = v.unwrap_or(default);
+            if !s.is_finite() || !(0.0..=1e9).contains(&s) {
+                return Err(bad(key, format!("{s} is not a number of seconds >= 0")));
+            }
+            Ok(s)
+        };
+        let optional = |s: f64| (s > 0.0).then(|| Duration::from_secs_f64(s));
+        let defaults = Limits::default();
+        let max_header_bytes = self.max_header_bytes.unwrap_or(defaults.max_header_bytes);
+        if !(1024..=16 << 20).contains(&max_header_bytes) {
+            return Err(bad(
+                "intake.max_header_bytes",
+                format!("{max_header_bytes} is outside 1024 ..= 16777216"),
+            ));
+        }
+        let max_line_bytes = self.max_line_bytes.unwrap_or(MAX_LINE_BYTES);
+        if !(1..=MAX_LINE_BYTES).contains(&max_line_bytes) {
+            return Err(bad(
+                "intake.max_line_bytes",
+                format!("{max_line_bytes} is outside 1 ..= {MAX_LINE_BYTES}"),
+            ));
+        }
+        if let Some(d) = &self.default_model {
+            check_scene_id(d).map_err(|e| bad("intake.default_model", e.to_string()))?;
+        }
+        let drain = seconds(
+            "intake.drain_timeout_s",
+            self.drain_timeout_s,
+            defaults::DRAIN_TIMEOUT_S,
+        )?;
+        Ok(Intake {
+            default_model: self.default_model,
+            segment_lines: self.segment_lines.unwrap_or(defaults::SEGMENT_LINES),
+            max_connections: positive(
+                "intake.max_connections",
+                self.max_connections,
+                defaults::MAX_CONNECTIONS,
+            )?,
+            queue: positive("intake.queue", self.queue, defaults::QUEUE)?,
+            limits: Limits {
+                max_header_bytes,
+                max_gap: self.max_gap.unwrap_or(defaults.max_gap),
+                ..defaults
+            },
+            max_line_bytes,
+            idle_timeout: optional(seconds(
+                "intake.idle_timeout_s",
+                self.idle_timeout_s,
+                defaults::IDLE_TIMEOUT_S,
+            )?),
+            line_timeout: optional(seconds(
+                "intake.line_timeout_s",
+                self.line_timeout_s,
+                defaults::LINE_TIMEOUT_S,
+            )?),
+            drain_timeout: Duration::from_secs_f64(drain),
+        })
+    }
+}
+
+impl RawEngine {
+    fn validate(self, bad: Bad) -> Result<EngineOptions, ConfigError> {
+        let arena = match self.arena.as_deref() {
+            None => Arena::default(),
+            Some(a) => a.parse::<Arena>().map_err(|e| bad("engine.arena", e))?,
+        };
+        let producer_nice = self.producer_nice.unwrap_or(crate::engine::DEFAULT_PRODUCER_NICE);
+        if !(0..=19).contains(&producer_nice) {
+            return Err(bad(
+                "engine.producer_nice",
+                format!("{producer_nice} is outside 0 ..= 19"),
+            ));
+        }
+        Ok(EngineOptions {
+            ort_lib: self.ort_lib,
+            threads: 0,
+            provider: Provider::Cpu,
+            spin: self.spin.unwrap_or(false),
+            arena,
+            memory_pattern: self.memory_pattern.unwrap_or(false),
+            producer_nice,
+        })
+    }
+}
+
+impl Config {
+    /// The keys whose change a reload cannot apply (sockets and folders are bound at start):
+    /// their dotted names, empty when `new` differs from `self` only in what a reload applies.
+    pub fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        if self.tcp != new.tcp {
+            keys.push("listen.tcp");
+        }
+        if self.unix != new.unix {
+            keys.push("listen.unix");
+        }
+        if self.outbox != new.outbox {
+            keys.push("paths.outbox");
+        }
+        if self.state != new.state {
+            keys.push("paths.state");
+        }
+        if self.control != new.control {
+            keys.push("paths.control");
+        }
+        if self.intake.max_connections != new.intake.max_connections {
+            keys.push("intake.max_connections");
+        }
+        keys
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[listen]
+tcp = "127.0.0.1:0"
+[paths]
+outbox = "out"
+state = "/var/lib/hsiedge"
+control = "/run/hsiedge/control.sock"
+[models.tiny]
+manifest = "/m/tiny/manifest.json"
+"#;
+
+    fn load_str(text: &str) -> Result<Config, ConfigError> {
+        parse(text, Path::new("/etc/hsiedge/hsiedge.toml"))?.validate(Path::new("/etc/hsiedge/hsiedge.toml"))
+    }
+
+    #[test]
+    fn the_example_file_parses_and_validates() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/hsiedge.toml");
+        let c = load(&path).unwrap();
+        assert!(c.tcp.is_some() && c.unix.is_some());
+        assert_eq!(c.intake.segment_lines, defaults::SEGMENT_LINES);
+        assert!(!c.models.is_empty());
+        // Every key the raw structs know is written out (commented or not) in the example.
+        let text = std::fs::read_to_string(&path).unwrap();
+        for key in [
+            "tcp",
+            "unix",
+            "outbox",
+            "state",
+            "control",
+            "default_model",
+            "segment_lines",
+            "max_connections",
+            "queue",
+            "max_header_bytes",
+            "max_line_bytes",
+            "max_gap",
+            "idle_timeout_s",
+            "line_timeout_s",
+            "drain_timeout_s",
+            "ort_lib",
+            "arena",
+            "spin",
+            "memory_pattern",
+            "producer_nice",
+            "manifest",
+            "mode",
+            "batch",
+            "tile",
+            "threads",
+            "keep_scores",
+            "workers",
+        ] {
+            assert!(
+                text.lines()
+                    .any(|l| l.trim_start_matches(['#', ' ']).starts_with(&format!("{key} ="))),
+                "the example does not document `{key}`"
+            );
+        }
+    }
+
+    #[test]
+    fn defaults_fill_what_is_left_out_and_relative_paths_follow_the_file() {
+        let c = load_str(MINIMAL).unwrap();
+        assert_eq!(c.outbox, PathBuf::from("/etc/hsiedge/out"));
+        assert_eq!(c.intake.queue, defaults::QUEUE);
+        assert_eq!(c.intake.limits, Limits::default());
+        assert_eq!(c.intake.drain_timeout, Duration::from_secs(60));
+        let m = &c.models["tiny"];
+        assert_eq!(
+            (m.workers, m.session.batch, m.session.tile),
+            (1, None, crate::job::DEFAULT_TILE)
+        );
+        assert_eq!(m.session.mode, ModeChoice::Auto);
+    }
+
+    #[test]
+    fn unknown_keys_and_wrong_types_are_refused_naming_the_key() {
+        let cases = [
+            (
+                MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatchsize = 3"),
+                "batchsize",
+            ),
+            (MINIMAL.replace("[paths]", "[paths]\nspool = \"/x\""), "spool"),
+            (
+                MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = \"many\""),
+                "batch",
+            ),
+            (MINIMAL.replace("[models.tiny]", "[models.tiny]\ntile = -3"), "tile"),
+            (MINIMAL.replace("[listen]", "[listen]\nudp = \"x\""), "udp"),
+            (format!("{MINIMAL}\n[intake]\nqueue = true"), "queue"),
+        ];
+        for (text, key) in cases {
+            let e = load_str(&text).unwrap_err().to_string();
+            assert!(e.starts_with("/etc/hsiedge/hsiedge.toml: "), "{e}");
+            assert!(e.contains(key), "{key}: {e}");
+            assert!(e.contains("line "), "{key}: {e}");
+        }
+    }
+
+    #[test]
+    fn values_out_of_range_are_refused_naming_the_key() {
+        let cases = [
+            (MINIMAL.replace("tcp = \"127.0.0.1:0\"", ""), "key `listen`"),
+            (MINIMAL.replace("127.0.0.1:0", "localhost"), "key `listen.tcp`"),
+            (
+                MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = 0"),
+                "key `models.tiny.batch`",
+            ),
+            (
+                MINIMAL.replace("[models.tiny]", "[models.tiny]\nmode = \"fast\""),
+                "key `models.tiny.mode`",
+            ),
+            (
+                MINIMAL.replace("[models.tiny]", "[models.tiny]\nworkers = 0"),
+                "key `models.tiny.workers`",
+            ),
+            (
+                MINIMAL.replace("[models.tiny]", "[models.tiny]\nthreads = 100000"),
+                "key `models.tiny.threads`",
+            ),
+            (
+                MINIMAL.replace("[models.tiny]", "[models.\"../x\"]"),
+                "key `models.../x`",
+            ),
+            (
+                MINIMAL.replace("state = \"/var/lib/hsiedge\"", "state = \"out/state\""),
+                "key `paths.state`",
+            ),
+            (
+                format!("{MINIMAL}[intake]\ndefault_model = \"other\""),
+                "key `intake.default_model`",
+            ),
+            (
+                format!("{MINIMAL}[intake]\nmax_line_bytes = 0"),
+                "key `intake.max_line_bytes`",
+            ),
+            (
+                format!("{MINIMAL}[intake]\nmax_header_bytes = 10"),
+                "key `intake.max_header_bytes`",
+            ),
+            (
+                format!("{MINIMAL}[intake]\ndrain_timeout_s = -1.0"),
+                "key `intake.drain_timeout_s`",
+            ),
+            (format!("{MINIMAL}[intake]\nqueue = 0"), "key `intake.queue`"),
+            (format!("{MINIMAL}[engine]\narena = \"huge\""), "key `engine.arena`"),
+            (
+                format!("{MINIMAL}[engine]\nproducer_nice = 20"),
+                "key `engine.producer_nice`",
+            ),
+            (
+                MINIMAL.replace("[models.tiny]\nmanifest = \"/m/tiny/manifest.json\"", ""),
+                "key `models`",
+            ),
+        ];
+        for (text, want) in cases {
+            let e = load_str(&text).unwrap_err().to_string();
+            assert!(e.contains(want), "{want}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_reload_names_the_keys_only_a_restart_applies() {
+        let a = load_str(MINIMAL).unwrap();
+        let mut b = a.clone();
+        b.models.get_mut("tiny").unwrap().session.batch = Some(8);
+        b.intake.segment_lines = 16;
+        assert!(a.restart_only_changes(&b).is_empty());
+        b.outbox = "/elsewhere".into();
+        b.tcp = None;
+        assert_eq!(a.restart_only_changes(&b), ["listen.tcp", "paths.outbox"]);
+    }
+}

@@ -1,0 +1,386 @@
+//! A model's workers: OS threads that each own one [`ModelSession`] (built once, reused scene
+//! after scene) and take scenes from the model's bounded queue. A scene runs on its worker's
+//! thread, reading its source through blocking `Read` as the tiler needs lines, and writes its
+//! maps into its own outbox folder; a failed scene is logged with its error chain and moved aside,
+//! and the worker takes the next.
+
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_channel::{Receiver, bounded};
+
+use super::DaemonError;
+use super::config::ModelConfig;
+use super::intake::{Job, ModelRoute};
+use super::log;
+use super::outbox::{self, InFlight};
+use super::status::{SceneEntry, Status};
+use crate::engine::error_chain;
+use crate::job::{ModelSession, anon_bytes, with_peak_anon};
+use crate::map::SegmentOptions;
+use crate::pipeline::Mode;
+use crate::source::{LineSource, LineStatus, SceneInfo, SourceError, SourceStats};
+
+/// What every worker shares: where scenes go and where progress is reported.
+#[derive(Debug)]
+pub struct WorkerContext {
+    /// The outbox.
+    pub outbox: PathBuf,
+    /// The state folder.
+    pub state: PathBuf,
+    /// Scenes in flight and totals.
+    pub status: Arc<Status>,
+}
+
+/// A model's running workers.
+#[derive(Debug)]
+pub struct ModelPool {
+    /// The configuration they were started with (a reload keeps the pool when it is unchanged).
+    pub config: ModelConfig,
+    /// How intake reaches them.
+    pub route: ModelRoute,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl ModelPool {
+    /// Starts `config.workers` workers of model `name`, each building its session on its own
+    /// thread; returns once all are ready, or with the first one's error (the others stop).
+    pub fn start(name: &str, config: &ModelConfig, queue: usize, ctx: Arc<WorkerContext>) -> Result<Self, DaemonError> {
+        let (tx, rx) = bounded::<Job>(queue);
+        let (ready_tx, ready_rx) = bounded(config.workers);
+        let mut workers = Vec::new();
+        for k in 0..config.workers {
+            let (rx, ready, ctx) = (rx.clone(), ready_tx.clone(), ctx.clone());
+            let (spec, model) = (config.session.clone(), name.to_string());
+            let spawned = std::thread::Builder::new()
+                .name(format!("hsiedge-{name}-{k}"))
+                .spawn(move || match ModelSession::open(&spec) {
+                    Ok(session) => {
+                        let route_info = (session.manifest().clone(), session.run_options().clone());
+                        let _ = ready.send(Ok(route_info));
+                        drop(ready);
+                        work(session, &spec, &model, &rx, &ctx);
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                    }
+                })
+                .map_err(|source| DaemonError::Thread {
+                    what: format!("worker {k} of model `{name}`"),
+                    source,
+                })?;
+            workers.push(spawned);
+        }
+        drop((ready_tx, rx));
+        let mut first = None;
+        for _ in 0..config.workers {
+            match ready_rx.recv() {
+                Ok(Ok(info)) => first = first.or(Some(Ok(info))),
+                Ok(Err(e)) => first = Some(Err(e)),
+                Err(_) => break,
+            }
+        }
+        let failed = |pool: Vec<JoinHandle<()>>, tx| {
+            // Closing the queue ends the workers that did start.
+            drop(tx);
+            for w in pool {
+                let _ = w.join();
+            }
+        };
+        match first {
+            Some(Ok((manifest, run))) => {
+                let batch_reason = match config.session.batch {
+                    Some(b) => format!("configured: models.{name}.batch = {b}"),
+                    None => format!("default of {} mode (models.{name}.batch not set)", mode_name(run.mode)),
+                };
+                Ok(Self {
+                    config: config.clone(),
+                    route: ModelRoute {
+                        name: name.to_string(),
+                        manifest: Arc::new(manifest),
+                        run,
+                        batch_reason,
+                        workers: config.workers,
+                        tx,
+                    },
+                    workers,
+                })
+            }
+            Some(Err(source)) => {
+                failed(workers, tx);
+                Err(DaemonError::Model {
+                    name: name.to_string(),
+                    source,
+                })
+            }
+            None => {
+                failed(workers, tx);
+                Err(DaemonError::Model {
+                    name: name.to_string(),
+                    source: crate::job::JobError::Setting {
+                        name: "workers",
+                        value: config.workers.to_string(),
+                        message: "no worker started".into(),
+                    },
+                })
+            }
+        }
+    }
+
+    /// Closes the queue (the workers finish what it holds, then end) and returns the threads to join.
+    pub fn stop(self) -> Vec<JoinHandle<()>> {
+        drop(self.route);
+        self.workers
+    }
+}
+
+/// `dense` or `patch`.
+pub fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Dense => "dense",
+        Mode::Patch => "patch",
+    }
+}
+
+/// A worker's loop: scenes until the queue closes.
+fn work(
+    mut session: ModelSession,
+    spec: &crate::job::SessionSpec,
+    model: &str,
+    rx: &Receiver<Job>,
+    ctx: &WorkerContext,
+) {
+    while let Ok(job) = rx.recv() {
+        if run_scene(&mut session, model, job, ctx).is_err() {
+            // The run panicked (possible only where panics unwind: test and dev builds; the
+            // release build aborts and systemd restarts it): the session may hold a half-done
+            // run, so it is built afresh.
+            match ModelSession::open(spec) {
+                Ok(s) => session = s,
+                Err(e) => {
+                    log::event(
+                        "worker_stopped",
+                        &format!(
+                            "model `{model}`: rebuilding the session after a panic failed: {}",
+                            error_chain(&e)
+                        ),
+                        serde_json::json!({"model": model}),
+                    );
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A line source that counts the lines it hands out, for `status`.
+struct Counted<'a> {
+    inner: &'a mut dyn LineSource,
+    lines: &'a AtomicU64,
+}
+
+impl LineSource for Counted<'_> {
+    fn info(&self) -> &SceneInfo {
+        self.inner.info()
+    }
+
+    fn next_line(&mut self, line: &mut [u8]) -> Result<Option<LineStatus>, SourceError> {
+        let got = self.inner.next_line(line)?;
+        if got.is_some() {
+            self.lines.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(got)
+    }
+
+    fn stats(&self) -> SourceStats {
+        self.inner.stats()
+    }
+}
+
+/// Runs one scene; `Err(())` only when the run panicked.
+fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerContext) -> Result<(), ()> {
+    let Job {
+        mut scene,
+        info,
+        segment_lines,
+        queued,
+    } = job;
+    let origin = info.origin.display().to_string();
+    let folder = match outbox::claim(&ctx.outbox, &info.id) {
+        Ok(f) => f,
+        Err(e) => {
+            fail_before_start(ctx, &info, model, &origin, &e);
+            scene.release(false);
+            return Ok(());
+        }
+    };
+    let marker = match InFlight::start(&ctx.state, &folder, &info.id, model) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = std::fs::remove_dir(&folder);
+            fail_before_start(ctx, &info, model, &origin, &e);
+            scene.release(false);
+            return Ok(());
+        }
+    };
+    let run = session.run_options().clone();
+    let (key, entry) = ctx.status.begin(SceneEntry {
+        scene_id: info.id.clone(),
+        folder: folder.clone(),
+        model: model.to_string(),
+        mode: mode_name(run.mode),
+        batch: run.batch,
+        samples: info.samples,
+        lines: AtomicU64::new(0),
+        pixels: AtomicU64::new(0),
+        started: Instant::now(),
+    });
+    let waited_s = queued.elapsed().as_secs_f64();
+    let root = Path::new("/");
+    let rss_start = anon_bytes(root);
+    let segments = SegmentOptions {
+        segment_lines,
+        keep_scores: false,
+    };
+    let (result, rss_peak) = with_peak_anon(root, || {
+        std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let mut counted = Counted {
+                inner: scene.source(),
+                lines: &entry.lines,
+            };
+            let outcome = session
+                .run_stream(&mut counted, &folder, segments, &mut |px| {
+                    entry.pixels.store(px as u64, Ordering::Relaxed)
+                })
+                .map_err(|e| error_chain(&e))?;
+            scene.complete().map_err(|e| error_chain(&e))?;
+            Ok::<_, String>(outcome)
+        }))
+    });
+    let rss_end = anon_bytes(root);
+    ctx.status.end(key);
+    let memory = serde_json::json!({
+        "rss_anon_start": rss_start,
+        "rss_anon_peak": rss_peak,
+        "rss_anon_end": rss_end,
+        "scenes_in_flight_at_end": ctx.status.in_flight().len(),
+    });
+    let (ok, panicked) = match result {
+        Ok(Ok(outcome)) => {
+            let lines = outcome.run.lines as u64;
+            ctx.status.count(|t| {
+                t.scenes_done += 1;
+                t.lines += lines;
+            });
+            let elapsed = outcome.run.elapsed_s;
+            log::event(
+                "scene_done",
+                &format!(
+                    "scene `{}` from {origin}: {lines} lines in {elapsed:.3} s into {}",
+                    info.id,
+                    folder.display()
+                ),
+                serde_json::json!({
+                    "scene_id": info.id,
+                    "folder": folder,
+                    "model": model,
+                    "origin": origin,
+                    "mode": mode_name(run.mode),
+                    "batch": run.batch,
+                    "lines": lines,
+                    "pixels": outcome.run.pixels,
+                    "elapsed_s": elapsed,
+                    "lines_per_s": if elapsed > 0.0 { lines as f64 / elapsed } else { 0.0 },
+                    "queued_s": waited_s,
+                    "missing_lines": outcome.source.missing_lines(),
+                    "duplicates": outcome.source.duplicates,
+                    "segments": outcome.segments.len(),
+                    "memory": memory,
+                }),
+            );
+            (true, false)
+        }
+        Ok(Err(error)) => {
+            fail_after_start(ctx, &info, model, &origin, &folder, &error, &memory);
+            (false, false)
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "a panic".into());
+            fail_after_start(
+                ctx,
+                &info,
+                model,
+                &origin,
+                &folder,
+                &format!("panicked: {what}"),
+                &memory,
+            );
+            (false, true)
+        }
+    };
+    if let Err(e) = marker.finish() {
+        log::event("warning", &error_chain(&e), serde_json::Value::Null);
+    }
+    scene.release(ok);
+    if panicked { Err(()) } else { Ok(()) }
+}
+
+fn fail_before_start(ctx: &WorkerContext, info: &SceneInfo, model: &str, origin: &str, e: &DaemonError) {
+    ctx.status.count(|t| t.scenes_failed += 1);
+    log::event(
+        "scene_failed",
+        &format!("scene `{}` from {origin}: {}", info.id, error_chain(e)),
+        serde_json::json!({"scene_id": info.id, "model": model, "origin": origin, "error": error_chain(e)}),
+    );
+}
+
+fn fail_after_start(
+    ctx: &WorkerContext,
+    info: &SceneInfo,
+    model: &str,
+    origin: &str,
+    folder: &Path,
+    error: &str,
+    memory: &serde_json::Value,
+) {
+    ctx.status.count(|t| t.scenes_failed += 1);
+    let record = serde_json::json!({
+        "scene_id": info.id,
+        "model": model,
+        "origin": origin,
+        "error": error,
+    });
+    let moved = outbox::move_aside(&ctx.outbox, folder, &record);
+    let (moved_to, note) = match &moved {
+        Ok(to) => (serde_json::json!(to), format!("moved to {}", to.display())),
+        Err(e) => (
+            serde_json::Value::Null,
+            format!("could not be moved aside: {}", error_chain(e)),
+        ),
+    };
+    log::event(
+        "scene_failed",
+        &format!(
+            "scene `{}` from {origin}: {error}; its folder {} {note}",
+            info.id,
+            folder.display()
+        ),
+        serde_json::json!({
+            "scene_id": info.id,
+            "model": model,
+            "origin": origin,
+            "folder": folder,
+            "moved_to": moved_to,
+            "error": error,
+            "memory": memory,
+        }),
+    );
+}
