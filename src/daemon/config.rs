@@ -447,7 +447,7 @@ impl RawEngine {
             None => Arena::default(),
             Some(a) => a.parse::<Arena>().map_err(|e| bad("engine.arena", e))?,
         };
-        let producer_nice = self.producer_nice.unwrap_or(crate::engine::DEFAULT_PRODUCER_NICE);
+        let producer_nice = self.producer_nice.unwrap_or(crate::job::STREAM_PRODUCER_NICE);
         if !(0..=19).contains(&producer_nice) {
             return Err(bad(
                 "engine.producer_nice",

@@ -254,7 +254,7 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
             };
             let outcome = session
                 .run_stream(&mut counted, &folder, segments, &mut |px| {
-                    entry.pixels.store(px as u64, Ordering::Relaxed)
+                    entry.pixels.store(px.pixels_done as u64, Ordering::Relaxed)
                 })
                 .map_err(|e| error_chain(&e))?;
             scene.complete().map_err(|e| error_chain(&e))?;
