@@ -794,3 +794,78 @@ fn memory_stays_flat_across_100_consecutive_scenes() {
         "VmRSS grew from {first} KiB to {last} KiB over 90 scenes"
     );
 }
+
+/// Puts a cube into a spool's inbox as docs/spool.md says a producer must: the data file first,
+/// the header renamed into place last.
+fn deliver(incoming: &Path, cube: &Path) {
+    let name = cube.file_stem().unwrap().to_str().unwrap();
+    std::fs::copy(cube.with_extension("img"), incoming.join(format!("{name}.img"))).unwrap();
+    let tmp = incoming.join(format!(".{name}.hdr.tmp"));
+    std::fs::copy(cube, &tmp).unwrap();
+    std::fs::rename(&tmp, incoming.join(format!("{name}.hdr"))).unwrap();
+}
+
+#[test]
+fn cubes_dropped_into_the_spool_are_classified_and_moved_to_done_or_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cubes = d.join("cubes");
+    std::fs::create_dir(&cubes).unwrap();
+    let good = tiny_cube(&cubes, "pass-01", 9, 11);
+    let other = tiny_cube(&cubes, "pass-02", 13, 7);
+    let wrong_bands = write_cube(&cubes, "pass-03", 5, 5, 3, |l, b, s| (l + b + s) as f32);
+    std::fs::write(
+        d.join("hsiedge.toml"),
+        format!(
+            "[paths]\noutbox = \"{d}/outbox\"\nstate = \"{d}/state\"\ncontrol = \"{d}/control.sock\"\n\
+             spool = \"{d}/spool\"\n[intake]\ndefault_model = \"tiny\"\n\
+             [models.tiny]\nmanifest = \"{m}\"\nmode = \"dense\"\nbatch = 2\ntile = 32\nthreads = 1\n",
+            d = d.display(),
+            m = tiny().display()
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(d);
+    let incoming = d.join("spool/incoming");
+    assert!(incoming.is_dir(), "the spool's inbox is made at start");
+    for c in [&good, &other, &wrong_bands] {
+        deliver(&incoming, c);
+    }
+    for (id, cube) in [("pass-01", &good), ("pass-02", &other)] {
+        daemon.wait_for("scene_done", |v| v["scene_id"] == id, Duration::from_secs(60));
+        let want = d.join(format!("classify-{id}"));
+        classify(cube, &tiny(), "dense", 2, &want);
+        same_maps(&d.join("outbox").join(id), &want);
+        daemon.wait_for("spool", |v| v["scene"] == id, Duration::from_secs(30));
+        assert!(
+            d.join("spool/done").join(id).join(format!("{id}.hdr")).is_file(),
+            "{id} in done/"
+        );
+    }
+    let refused = daemon.wait_for(
+        "refused",
+        |v| v["msg"].as_str().is_some_and(|m| m.contains("pass-03")),
+        Duration::from_secs(30),
+    );
+    assert!(refused["msg"].as_str().unwrap().contains("bands"), "{refused}");
+    let reason = d.join("spool/failed/pass-03/pass-03.reason");
+    let start = Instant::now();
+    while !reason.is_file() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "pass-03 never reached failed/"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(std::fs::read_to_string(&reason).unwrap().contains("bands"));
+    assert!(
+        !d.join("outbox/pass-03").exists(),
+        "nothing written for a refused scene"
+    );
+    assert!(
+        std::fs::read_dir(&incoming).unwrap().next().is_none(),
+        "the inbox is empty"
+    );
+    assert_eq!(daemon.control(r#"{"cmd":"drain"}"#)["ok"], true);
+    assert_eq!(daemon.wait(Duration::from_secs(60)), Some(0));
+}

@@ -87,6 +87,8 @@ pub struct RawPaths {
     pub state: PathBuf,
     /// The control socket.
     pub control: PathBuf,
+    /// A spool folder of complete cubes to take in (docs/spool.md); none by default.
+    pub spool: Option<PathBuf>,
 }
 
 /// `[intake]`.
@@ -185,6 +187,8 @@ pub struct Config {
     pub state: PathBuf,
     /// The control socket.
     pub control: PathBuf,
+    /// The spool folder taken in, if any.
+    pub spool: Option<PathBuf>,
     /// Settings of scene intake.
     pub intake: Intake,
     /// The models, by name.
@@ -260,9 +264,17 @@ impl RawConfig {
             })
             .transpose()?;
         let unix = self.listen.unix.as_deref().map(abs);
-        if tcp.is_none() && unix.is_none() {
-            return Err(bad("listen", "no intake: give `tcp`, `unix` or both".into()));
+        if self.paths.spool.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(bad("paths.spool", "is empty".into()));
         }
+        let spool = self.paths.spool.as_deref().map(abs);
+        if tcp.is_none() && unix.is_none() && spool.is_none() {
+            return Err(bad(
+                "listen",
+                "no intake: give listen.tcp, listen.unix or paths.spool (or several)".into(),
+            ));
+        }
+
         for (key, p) in [
             ("paths.outbox", &self.paths.outbox),
             ("paths.state", &self.paths.state),
@@ -362,6 +374,7 @@ impl RawConfig {
         Ok(Config {
             path: path.to_path_buf(),
             tcp,
+            spool,
             unix,
             outbox,
             state,
@@ -471,6 +484,9 @@ impl Config {
     /// their dotted names, empty when `new` differs from `self` only in what a reload applies.
     pub fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
         let mut keys = Vec::new();
+        if self.spool != new.spool {
+            keys.push("paths.spool");
+        }
         if self.tcp != new.tcp {
             keys.push("listen.tcp");
         }
@@ -580,7 +596,7 @@ manifest = "/m/tiny/manifest.json"
                 MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatchsize = 3"),
                 "batchsize",
             ),
-            (MINIMAL.replace("[paths]", "[paths]\nspool = \"/x\""), "spool"),
+            (MINIMAL.replace("[paths]", "[paths]\nspoolz = \"/x\""), "spoolz"),
             (
                 MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = \"many\""),
                 "batch",

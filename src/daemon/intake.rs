@@ -34,6 +34,12 @@ pub trait IntakeScene: Send {
     /// The scene is over, written (`ok`) or failed and moved aside; the intake releases what it
     /// holds for it.
     fn release(self: Box<Self>, ok: bool);
+
+    /// The scene was refused before its run for `reason`; nothing was written for it.
+    fn refused(self: Box<Self>, reason: &str) {
+        let _ = reason;
+        self.release(false);
+    }
 }
 
 /// A scene queued for a model's workers.

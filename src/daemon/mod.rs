@@ -25,6 +25,7 @@ pub mod log;
 pub mod notify;
 pub mod outbox;
 mod service;
+mod spool;
 pub mod status;
 pub mod worker;
 

@@ -21,6 +21,7 @@ use super::intake::Routes;
 use super::listen::{self, Listener};
 use super::notify::{self, Notifier};
 use super::outbox;
+use super::spool::SpoolIntake;
 use super::status::Status;
 use super::worker::{ModelPool, WorkerContext};
 use super::{DaemonError, Shared, log};
@@ -144,6 +145,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         ctx,
     }));
 
+    let spool = match &lock(&daemon).config.spool {
+        Some(root) => Some(SpoolIntake::start(root, shared.clone())?),
+        None => None,
+    };
     let permits = Arc::new(Semaphore::new(lock(&daemon).config.intake.max_connections));
     let mut tasks = Vec::new();
     for l in listeners {
@@ -205,6 +210,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     );
     shared.draining.store(true, std::sync::atomic::Ordering::Release);
     warn(notifier.stopping(&shared.status.summary("draining")));
+    if let Some(s) = spool {
+        // Returns once a scene it is handing over has a place in its model's queue.
+        let _ = tokio::task::spawn_blocking(move || s.stop()).await;
+    }
     for t in &tasks {
         t.abort();
     }
@@ -363,6 +372,7 @@ fn reload_blocking(daemon: &Mutex<Daemon>, shared: &Shared) -> serde_json::Value
         outbox: old.outbox.clone(),
         state: old.state.clone(),
         control: old.control.clone(),
+        spool: old.spool.clone(),
         intake: super::config::Intake {
             max_connections: old.intake.max_connections,
             ..new.intake
