@@ -10,8 +10,10 @@
 //!    root directory (`/` in production) so tests run on recorded trees.
 //! 2. [`cost`]: what a batch costs, `M(B) = M_fixed + a*B`, first from the graph
 //!    ([`crate::graph`]) and then calibrated from two or three small measured runs.
-//! 3. [`choose`]: `B_safe = floor((budget*(1 - r_frag) - M_fixed) / a)`, capped by a maximum
-//!    and a benchmark knee; and the wall search (grow x1.5, bisect) for discrete GPUs only.
+//! 3. [`choose`]: `B_safe = floor((budget*(1 - r_frag) - M_fixed) / a)`, capped by `--max-batch`,
+//!    the scene and a plateau knee; and the wall search (grow x1.5, bisect) for discrete GPUs only.
+//!    [`knee`] picks the knee from timings (the smallest batch within 5 % of the best), [`plateau`]
+//!    drives the in-run sweep that times them.
 //! 4. [`governor`]: re-reads the budget every few batches (or when PSI rises) and shrinks or
 //!    slowly regrows the batch.
 //! 5. [`plan`]: the serialisable [`Plan`] / [`TrainingPlan`] report.
@@ -63,6 +65,7 @@ pub mod cost;
 pub mod governor;
 pub mod knee;
 pub mod plan;
+pub mod plateau;
 pub mod system;
 pub mod wall;
 

@@ -6,7 +6,7 @@ use std::str::FromStr;
 use serde::Serialize;
 
 use super::BudgetError;
-use super::choose::{ChooseConfig, Limit, safe_units};
+use super::choose::{Choice, ChooseConfig, Limit, safe_units};
 use super::cost::{CostModel, CostSource, Unit};
 use super::system::{GpuKind, SystemBudget};
 use crate::graph::GraphCost;
@@ -97,11 +97,15 @@ pub struct Plan {
     pub tiles_safe: Option<u64>,
     /// The memory formula's value before the caps.
     pub memory_limit_units: u64,
-    /// What bound `batch_safe`.
+    /// What bound `batch_safe`: `memory`, `max_batch`, `scene`, `tiles` or `knee`.
     pub limited_by: Limit,
-    /// The configured maximum.
+    /// The largest batch memory, `--max-batch` and the scene allow (B_safe before the knee).
+    pub batch_ceiling: u64,
+    /// What bound `batch_ceiling`.
+    pub ceiling_limited_by: Limit,
+    /// The configured maximum (`--max-batch`).
     pub max_units: u64,
-    /// The benchmark knee, when one was given.
+    /// The plateau knee of a batch sweep, when one was given.
     pub knee: Option<u64>,
     /// `M(batch_safe)`.
     pub predicted_peak_bytes: u64,
@@ -120,6 +124,18 @@ impl Plan {
         cfg: &ChooseConfig,
     ) -> Result<Plan, BudgetError> {
         let choice = safe_units(system.budget_bytes, cost, cfg)?;
+        Self::from_choice(system, cost, graph, cfg, &choice)
+    }
+
+    /// [`Plan::build`] for a batch chosen by the caller (whose memory model is not the straight
+    /// line of `cost`); `cost` is reported as the plan's cost model.
+    pub fn from_choice(
+        system: &SystemBudget,
+        cost: &CostModel,
+        graph: Option<&GraphCost>,
+        cfg: &ChooseConfig,
+        choice: &Choice,
+    ) -> Result<Plan, BudgetError> {
         if choice.units_safe == 0 {
             return Err(BudgetError::DoesNotFit {
                 unit: cost.unit,
@@ -178,6 +194,8 @@ impl Plan {
             tiles_safe: (cost.unit == Unit::Tile).then_some(choice.units_safe),
             memory_limit_units: choice.memory_units,
             limited_by: choice.limited_by,
+            batch_ceiling: choice.ceiling_units,
+            ceiling_limited_by: choice.ceiling_limited_by,
             max_units: cfg.max_units,
             knee: cfg.knee,
             predicted_peak_bytes: choice.predicted_peak_bytes,
@@ -252,11 +270,24 @@ impl fmt::Display for Plan {
             human(self.fixed_bytes),
             human(self.per_unit_bytes)
         )?;
-        writeln!(
-            f,
-            "  batch_safe      {} {}s (memory allows {}, limited by {})",
-            self.batch_safe, self.unit, self.memory_limit_units, self.limited_by
-        )?;
+        if self.batch_ceiling > self.batch_safe {
+            writeln!(
+                f,
+                "  batch_safe      {} {}s, limited by {} (below the ceiling {}, set by {}; memory allows {})",
+                self.batch_safe,
+                self.unit,
+                self.limited_by,
+                self.batch_ceiling,
+                self.ceiling_limited_by,
+                self.memory_limit_units
+            )?;
+        } else {
+            writeln!(
+                f,
+                "  batch_safe      {} {}s, limited by {} (memory allows {})",
+                self.batch_safe, self.unit, self.limited_by, self.memory_limit_units
+            )?;
+        }
         write!(f, "  predicted peak  {}", human(self.predicted_peak_bytes))?;
         for w in &self.warnings {
             write!(f, "\n  warning: {w}")?;
