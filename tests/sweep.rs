@@ -31,26 +31,15 @@ fn sweep(cache: &Path, model: &Path, extra: &[&str]) -> serde_json::Value {
 }
 
 /// The knee by the documented rule, from a sweep's reported points: the smallest batch whose
-/// lower-quartile per-unit time is within 5 % of the best median, confirmed by three larger sizes
-/// reaching eight times it.
+/// median per-unit time is within 5 % of the best, confirmed by three larger sizes reaching eight
+/// times it.
 fn knee_by_rule(points: &[serde_json::Value]) -> Option<u64> {
-    let per: Vec<(u64, f64, f64)> = points
+    let per: Vec<(u64, f64)> = points
         .iter()
-        .map(|p| {
-            let b = p["batch"].as_u64().unwrap();
-            let mut runs: Vec<f64> = p["samples_s"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|s| s.as_f64().unwrap() / b as f64)
-                .collect();
-            runs.sort_by(f64::total_cmp);
-            let median = p["per_unit_s"].as_f64().unwrap();
-            (b, median, runs[runs.len() / 4].min(median))
-        })
+        .map(|p| (p["batch"].as_u64().unwrap(), p["per_unit_s"].as_f64().unwrap()))
         .collect();
     let best = per.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
-    let pick = per.iter().find(|p| p.2 <= best * 1.05)?.0;
+    let pick = per.iter().find(|p| p.1 <= best * 1.05)?.0;
     let above: Vec<u64> = per.iter().map(|p| p.0).filter(|&b| b > pick).collect();
     (above.len() >= 3 && above.iter().any(|&b| b >= 8 * pick)).then_some(pick)
 }
@@ -236,7 +225,7 @@ fn auto_stops_at_the_plateau_not_at_the_whole_scene_in_patch_mode() {
     assert!(plan["memory_limit_units"].as_u64().unwrap() > pixels, "{plan}");
     let sweep = &auto["sweep"];
     let max = sweep["limits"]["max_batch"].as_u64().unwrap();
-    assert_eq!(max, pixels / 4, "a size is timed only over four batches of the scene");
+    assert_eq!(max, pixels / 8, "a size is timed only over eight batches of the scene");
     assert!(batch <= max, "batch {batch} of {pixels} pixels: {plan}");
     assert_eq!(sweep["pick"]["batch"], batch, "the batch is the sweep's pick");
     assert_eq!(plan["knee"], batch);

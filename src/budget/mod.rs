@@ -16,7 +16,7 @@
 //!    drives the in-run sweep that times them.
 //! 4. [`governor`]: re-reads the budget every few batches (or when PSI rises) and shrinks or
 //!    slowly regrows the batch.
-//! 5. [`plan`]: the serialisable [`Plan`] / [`TrainingPlan`] report.
+//! 5. [`plan`]: the serialisable [`Plan`] report; [`training`]: the [`TrainingPlan`].
 //!
 //! # Pipeline use
 //!
@@ -67,6 +67,7 @@ pub mod knee;
 pub mod plan;
 pub mod plateau;
 pub mod system;
+pub mod training;
 pub mod wall;
 
 pub use choose::{Choice, ChooseConfig, Limit, WallSearch, find_wall, safe_units};
@@ -75,12 +76,13 @@ pub use cost::{
     calibration_batches, fit_linear, read_process_hwm, read_process_rss, reset_cgroup_peak, reset_process_hwm,
 };
 pub use governor::{Adjustment, Cause, Governor, GovernorConfig};
-pub use plan::{ClassCoverageWarning, Optimizer, Plan, SourceReport, TrainingPlan, class_coverage};
+pub use plan::{Plan, SourceReport};
 pub use system::{
     BudgetConfig, BudgetSource, CgroupMemory, CgroupVersion, DEFAULT_RESERVE_BYTES, DeviceMemory, GpuKind, JetsonInfo,
     MemInfo, Psi, SourceKind, SystemBudget, detect_jetson, find_cgroup, read_meminfo, read_psi, read_system_budget,
     tegra_allocatable,
 };
+pub use training::{ClassCoverageWarning, Optimizer, TrainingPlan, class_coverage};
 
 /// Errors of the budget module; each variant names the file, field or step that failed.
 #[derive(Debug, thiserror::Error)]

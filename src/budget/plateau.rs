@@ -18,14 +18,14 @@ use super::knee::{self, Pick, SweepPoint};
 pub const MIN_TIMED_BATCHES: usize = 7;
 
 /// Timed batches per size at most.
-pub const MAX_TIMED_BATCHES: usize = 64;
+pub const MAX_TIMED_BATCHES: usize = 32;
 
 /// Times the pick may be re-timed (with its neighbours and the best) before the sweep settles.
 pub const RETIME_ROUNDS: usize = 2;
 
 /// Below this many seconds of timed work, a cheap size gets more batches (up to
 /// [`MAX_TIMED_BATCHES`]): microsecond runs need many for a stable median.
-pub const MIN_TIMED_S: f64 = 0.02;
+pub const MIN_TIMED_S: f64 = 0.01;
 
 /// What bounds a sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -141,15 +141,20 @@ pub fn sweep<E>(
             .or(points.first())
             .map(|p| p.per_unit_s)
     };
+    // What a measurement costs besides its runs (starting the producer, the first tile window,
+    // the runtime settling on the shape), as last seen: a size is predicted to cost that plus its
+    // runs at the per-unit time of the size below.
+    let mut start_cost_s = 0.0f64;
     let mut time = |points: &mut Vec<SweepPoint>, b: u64, spent: &mut f64| -> Result<bool, E> {
         let n = batches_for(b, last_per_unit(points, b));
-        let predicted = last_per_unit(points, b).map_or(0.0, |t| t * (b * n as u64) as f64);
+        let predicted = last_per_unit(points, b).map_or(0.0, |t| t * (b * n as u64) as f64) + start_cost_s;
         if *spent + predicted > limits.budget_s {
             return Ok(false);
         }
         let (p, s) = measure(b, n)?;
         *spent += s;
         if let Some(p) = p {
+            start_cost_s = (s - p.median_s * n as f64).max(0.0);
             put(points, p);
         }
         Ok(true)
@@ -370,7 +375,7 @@ mod tests {
         assert_eq!((p.median_s, p.per_unit_s, p.samples_s.len()), (2.0, 0.5, 3));
         assert_eq!(batches_for(1, None), 1 + MIN_TIMED_BATCHES);
         assert_eq!(batches_for(1, Some(1e-6)), 1 + MAX_TIMED_BATCHES);
-        assert_eq!(batches_for(1, Some(1e-3)), 1 + 20);
+        assert_eq!(batches_for(1, Some(1e-3)), 1 + 10);
         let mut v = vec![p];
         put(&mut v, point_from_runs(2, &[0.0, 1.0]).unwrap());
         put(&mut v, point_from_runs(4, &[0.0, 4.0, 5.0]).unwrap());

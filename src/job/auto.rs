@@ -59,9 +59,9 @@ pub struct AutoBatch {
 }
 
 /// The in-run sweep times a batch size only if the scene holds at least this many batches of it
-/// (one untimed, the rest timed): a larger batch could not be timed, and leaves the tiling thread
-/// nothing to overlap with the engine.
-pub const SWEEP_SCENE_BATCHES: u64 = 4;
+/// (one untimed, then the fewest timed runs any size gets): a larger batch could not be timed as
+/// well, and leaves the tiling thread little to overlap with the engine.
+pub const SWEEP_SCENE_BATCHES: u64 = budget::plateau::MIN_TIMED_BATCHES as u64 + 1;
 
 /// The in-run sweep may spend this share of the run's predicted time timing sizes of its own...
 pub const SWEEP_BUDGET_SHARE: f64 = 0.05;
