@@ -299,3 +299,67 @@ fn plan_names_the_real_limit_in_one_json_object() {
     .unwrap();
     assert_eq!(r["kind"], "training");
 }
+
+#[test]
+fn bench_auto_compares_auto_with_every_power_of_two_up_to_b_safe() {
+    let Some(model) = hybridsn() else { return };
+    let Some(scene) = salinas_a() else { return };
+    let r: serde_json::Value = serde_json::from_str(&ok(&[
+        "bench",
+        "auto",
+        scene.to_str().unwrap(),
+        "--model",
+        model.to_str().unwrap(),
+        "--mode",
+        "dense",
+        "--threads",
+        "2",
+        "--repeat",
+        "2",
+        "--json",
+    ]))
+    .unwrap();
+    // Four 64 x 64 tiles: B_safe is the scene's tiles, the fixed batches 1, 2 and 4.
+    assert_eq!(
+        (r["b_safe"].as_u64(), r["b_safe_limited_by"].as_str()),
+        (Some(4), Some("tiles"))
+    );
+    let fixed: Vec<&str> = r["fixed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["batch"].as_str().unwrap())
+        .collect();
+    assert_eq!(fixed, ["1", "2", "4"]);
+    assert_eq!(r["threads_used"], 2);
+    let auto = &r["auto"];
+    assert_eq!(auto["batch"], "auto");
+    for c in r["fixed"].as_array().unwrap().iter().chain([auto]) {
+        let runs = c["runs"].as_array().unwrap();
+        assert_eq!(runs.len(), 2, "one run per repetition: {c}");
+        for run in runs {
+            assert!(run["pixels_per_s"].as_f64().unwrap() > 0.0 && run["peak_anon_bytes"].as_u64().unwrap() > 0);
+        }
+    }
+    // Auto ran with its sweep (a tile count of 4 lets it time batch 1 only) and said why.
+    for run in auto["runs"].as_array().unwrap() {
+        assert_eq!(run["batch"], 1, "{run}");
+        assert_eq!(run["limited_by"], "tiles", "{run}");
+        assert!(run["calibration_s"].as_f64().is_some());
+    }
+    // The ratios are what the table says they are.
+    let px = |c: &serde_json::Value| c["pixels_per_s"].as_f64().unwrap();
+    let best = r["fixed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["batch"].as_str() == Some(&r["best_batch"].to_string()))
+        .unwrap();
+    assert!((r["auto_over_best"].as_f64().unwrap() - px(auto) / px(best)).abs() < 1e-9);
+    let peak = |c: &serde_json::Value| c["peak_anon_bytes"].as_f64().unwrap();
+    let b_safe = &r["fixed"][2];
+    assert!((r["auto_memory_over_b_safe"].as_f64().unwrap() - peak(auto) / peak(b_safe)).abs() < 1e-9);
+    let one = &r["fixed"][0];
+    let above = (peak(auto) - peak(one)) / (peak(b_safe) - peak(one));
+    assert!((r["auto_batch_memory_over_b_safe"].as_f64().unwrap() - above).abs() < 1e-9);
+}

@@ -103,6 +103,10 @@ pub struct AutoBench {
     pub auto_over_best_paired: (f64, [f64; 2]),
     /// Auto's median peak memory over B_safe's.
     pub auto_memory_over_b_safe: f64,
+    /// The same above batch 1's peak: `(auto - batch 1) / (B_safe - batch 1)`, the share of what
+    /// B_safe adds over the smallest batch that auto spends (the process's own memory, session
+    /// and maps, is in both and can dominate `auto_memory_over_b_safe`); 0 when B_safe is 1.
+    pub auto_batch_memory_over_b_safe: f64,
     /// Auto's median start-up over the median start-up of the fixed batches: what calibration
     /// and the sweep add.
     pub auto_added_startup_s: f64,
@@ -197,6 +201,15 @@ pub fn auto(opts: &AutoBenchOptions) -> Result<AutoBench, BenchError> {
         auto_over_best: auto.pixels_per_s / fixed[best].pixels_per_s.max(1e-9),
         auto_over_best_paired: (median(&paired), quartiles(&paired)),
         auto_memory_over_b_safe: auto.peak_anon_bytes as f64 / b_safe_config.peak_anon_bytes.max(1) as f64,
+        auto_batch_memory_over_b_safe: {
+            let one = fixed[0].peak_anon_bytes as f64;
+            let span = b_safe_config.peak_anon_bytes as f64 - one;
+            if span > 0.0 {
+                (auto.peak_anon_bytes as f64 - one) / span
+            } else {
+                0.0
+            }
+        },
         auto_added_startup_s: auto.load_s - fixed_load,
         fixed: fixed.to_vec(),
         auto,
@@ -323,8 +336,8 @@ impl std::fmt::Display for AutoBench {
         )?;
         writeln!(
             f,
-            "auto/B_safe memory {:.3}; auto start-up +{:.2} s over a fixed batch",
-            self.auto_memory_over_b_safe, self.auto_added_startup_s
+            "auto/B_safe memory {:.3} ({:.3} of what B_safe adds over batch 1); auto start-up +{:.2} s over a fixed batch",
+            self.auto_memory_over_b_safe, self.auto_batch_memory_over_b_safe, self.auto_added_startup_s
         )?;
         write!(
             f,

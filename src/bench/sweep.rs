@@ -188,7 +188,6 @@ pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, BenchError> {
                 above.len(),
                 above.last().copied().unwrap_or(k)
             );
-            at_wall = false;
             break;
         }
         if m > opts.max_run_s {

@@ -2,21 +2,18 @@
 //! `--batch auto`.
 //!
 //! Per-unit time t(B) falls with the batch while parallelism is the bottleneck, then flattens once
-//! bandwidth or memory is: the plateau, where the elasticity |d ln t / d ln B| drops below
-//! [`PLATEAU_ELASTICITY`] (or turns positive: a larger batch that is slower per unit is past the
+//! bandwidth or memory is: the plateau, where the elasticity |d ln t / d ln B| (reported for every
+//! step) drops below 0.05, or turns positive (a larger batch that is slower per unit is past the
 //! plateau too). A larger batch buys no throughput there, only memory, so the batch is [`pick`]ed
 //! as the smallest one within [`PLATEAU_TOLERANCE`] of the best measured per-unit time, and a
-//! sweep may stop growing once [`plateau_confirmed`] says the sizes above the pick cannot change
-//! it. A sweep is valid only for the graph, mode, tile, execution provider, thread count, ONNX
-//! Runtime build and machine (and Jetson power mode) it ran on, so the cache is keyed by all of
-//! them.
+//! sweep may stop growing once [`plateau_confirmed`] says the sizes above the pick did not beat it
+//! over three doublings. A sweep is valid only for the graph, mode, tile, execution provider,
+//! thread count, ONNX Runtime build and machine (and Jetson power mode) it ran on, so the cache is
+//! keyed by all of them.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-
-/// Elasticity below which per-unit time counts as flat.
-pub const PLATEAU_ELASTICITY: f64 = 0.05;
 
 /// The pick is the smallest batch whose per-unit time is within this share of the fastest
 /// measured: a larger batch would buy less than this much throughput.
@@ -155,12 +152,6 @@ pub fn elasticity(a: &SweepPoint, b: &SweepPoint) -> f64 {
         return f64::NEG_INFINITY;
     }
     (b.per_unit_s / a.per_unit_s).ln() / db
-}
-
-/// Whether the step with elasticity `e` is on the plateau: it gains less than
-/// [`PLATEAU_ELASTICITY`] (|e| below it, or per-unit time rising).
-pub fn on_plateau(e: f64) -> bool {
-    e > -PLATEAU_ELASTICITY
 }
 
 /// Fills every point's `elasticity` (to the next point).
