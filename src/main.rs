@@ -96,7 +96,8 @@ struct BudgetArgs {
     /// (default: HSIEDGE_CACHE_DIR, else $XDG_CACHE_HOME/hsiedge, else ~/.cache/hsiedge).
     #[arg(long, value_name = "DIR")]
     sweep_cache: Option<PathBuf>,
-    /// Ignore cached batch sweeps (no knee cap).
+    /// No knee: neither a cached sweep's nor the in-run sweep's (which times a few batch sizes
+    /// before the run); the batch is then the largest that memory, --max-batch and the scene allow.
     #[arg(long, conflicts_with = "sweep_cache")]
     no_knee: bool,
 }
@@ -113,6 +114,7 @@ impl BudgetArgs {
             } else {
                 self.sweep_cache.clone().or_else(hsiedge::budget::knee::cache_dir)
             },
+            sweep: !self.no_knee,
             ..Default::default()
         }
     }
@@ -179,7 +181,8 @@ enum Command {
         /// Optimizer whose state training holds (with --train): adam or sgd.
         #[arg(long, default_value = "adam")]
         optimizer: String,
-        /// Run the scene at batches from 1 to batch_safe and compare measured with predicted peaks.
+        /// Run the scene at batches from 1 to the ceiling (B_safe before the knee) and compare
+        /// measured with predicted peaks.
         #[arg(long, requires = "scene")]
         verify: bool,
         /// Find the real wall: run the scene in fresh processes under a cgroup capped at the budget,
@@ -309,6 +312,29 @@ enum BenchCommand {
         /// Time only this mode: dense or patch (patch mode takes minutes on a large scene).
         #[arg(long)]
         only: Option<String>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// `--batch auto` against fixed batches (powers of two up to B_safe): throughput, peak memory,
+    /// start-up; fresh processes, interleaved repetitions, medians.
+    Auto {
+        /// The scene's ENVI header.
+        scene: PathBuf,
+        /// Model manifest.
+        #[arg(long)]
+        model: PathBuf,
+        /// dense, patch, or auto (dense when the model has a dense twin).
+        #[arg(long, default_value = "auto")]
+        mode: String,
+        /// Tile side.
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_TILE)]
+        tile: usize,
+        /// Repetitions of every batch.
+        #[arg(long, default_value_t = 5)]
+        repeat: usize,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -581,6 +607,29 @@ fn run(cli: Cli) -> Result<()> {
                 only,
             };
             let r = hsiedge::bench::classify(&opts)?;
+            print_report(&r, json)
+        }
+        Command::Bench {
+            what:
+                BenchCommand::Auto {
+                    scene,
+                    model,
+                    mode,
+                    tile,
+                    repeat,
+                    json,
+                    engine,
+                },
+        } => {
+            let opts = hsiedge::bench::auto::AutoBenchOptions {
+                scene,
+                manifest: model,
+                mode: parse_mode(&mode)?,
+                tile,
+                engine: engine.options()?,
+                repeat,
+            };
+            let r = hsiedge::bench::auto::auto(&opts)?;
             print_report(&r, json)
         }
         Command::Bench {

@@ -5,6 +5,9 @@
 //! stitch, write), the pure inference time of exactly the batches each mode sends, and optionally a
 //! bare onnxruntime Python loop over the same patches and batch size (`benches/ort_patch_loop.py`).
 //!
+//! `auto` (`bench::auto`) checks `--batch auto` against fixed batches up to B_safe; `sweep`
+//! (`bench::sweep`) times batch sizes and caches the plateau knee.
+//!
 //! The measurements of a mode are interleaved, one of each per repetition, and each ratio is the
 //! median of the per-repetition ratios, reported with their quartiles: on a shared machine whose
 //! speed drifts by several per cent over a minute, two blocks of runs timed one after the other
@@ -13,6 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+pub mod auto;
 pub mod stream;
 pub mod sweep;
 
