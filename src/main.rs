@@ -766,11 +766,7 @@ fn print_report<T: serde::Serialize + std::fmt::Display>(report: &T, json: bool)
 fn classify(spec: JobSpec, json: bool, telemetry: &TelemetryArgs) -> Result<()> {
     use hsiedge::telemetry::{self as tm, JsonLines, LatestSnapshot, MetricsServer, Sink};
     // Both are opened before the model loads, so a bad path or address fails at once.
-    let listener = telemetry
-        .metrics
-        .as_deref()
-        .map(tm::http::bind_local)
-        .transpose()?;
+    let listener = telemetry.metrics.as_deref().map(tm::http::bind_local).transpose()?;
     let mut jsonl = telemetry.telemetry.as_deref().map(JsonLines::create).transpose()?;
     let mut job = Job::resolve(spec)?;
     let total = job.cube.lines() * job.cube.samples();

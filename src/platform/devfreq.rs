@@ -37,7 +37,8 @@ impl GpuDevfreq {
             path: path.clone(),
             source: std::io::Error::from(std::io::ErrorKind::NotFound),
         })?;
-        let freq_hz = read_number(&self.dir.join("cur_freq"), "an integer in hertz")?.and_then(|f| u64::try_from(f).ok());
+        let freq_hz =
+            read_number(&self.dir.join("cur_freq"), "an integer in hertz")?.and_then(|f| u64::try_from(f).ok());
         Ok(GpuLoad {
             load: (tenths as f64 / 1000.0).clamp(0.0, 1.0),
             freq_hz,
@@ -61,7 +62,9 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/telemetry").join(name)
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/telemetry")
+            .join(name)
     }
 
     #[test]

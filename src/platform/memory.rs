@@ -51,7 +51,9 @@ mod tests {
     use std::path::PathBuf;
 
     fn fixture(name: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/telemetry").join(name)
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/telemetry")
+            .join(name)
     }
 
     #[test]
@@ -75,7 +77,15 @@ mod tests {
     fn x86_host_without_cgroup_or_status() {
         let m = read_memory(&fixture("x86_host")).map_err(|e| e.to_string());
         assert!(
-            matches!(m, Ok(MemorySample { nvmap_used_bytes: None, cgroup_usage_bytes: None, process_rss_bytes: None, .. })),
+            matches!(
+                m,
+                Ok(MemorySample {
+                    nvmap_used_bytes: None,
+                    cgroup_usage_bytes: None,
+                    process_rss_bytes: None,
+                    ..
+                })
+            ),
             "{m:?}"
         );
     }
@@ -83,6 +93,9 @@ mod tests {
     #[test]
     fn this_process() {
         let m = read_memory(Path::new("/")).map_err(|e| e.to_string());
-        assert!(m.as_ref().is_ok_and(|m| m.process_rss_bytes.is_some_and(|r| r > 0)), "{m:?}");
+        assert!(
+            m.as_ref().is_ok_and(|m| m.process_rss_bytes.is_some_and(|r| r > 0)),
+            "{m:?}"
+        );
     }
 }

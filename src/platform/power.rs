@@ -120,7 +120,9 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/telemetry").join(name)
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/telemetry")
+            .join(name)
     }
 
     fn rail(label: &str, mv: Option<u64>, ma: Option<u64>) -> Rail {

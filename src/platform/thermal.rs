@@ -57,7 +57,9 @@ mod tests {
     use super::*;
 
     fn fixture(name: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/telemetry").join(name)
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/telemetry")
+            .join(name)
     }
 
     #[test]
@@ -66,7 +68,13 @@ mod tests {
         let kinds: Vec<&str> = zones.iter().map(|z| z.kind.as_str()).collect();
         assert_eq!(
             kinds,
-            ["cpu-thermal", "gpu-thermal", "cv0-thermal", "soc0-thermal", "tj-thermal"]
+            [
+                "cpu-thermal",
+                "gpu-thermal",
+                "cv0-thermal",
+                "soc0-thermal",
+                "tj-thermal"
+            ]
         );
         assert_eq!(zones[0].celsius().ok(), Some(48.5));
         assert_eq!(zones[4].celsius().ok(), Some(49.218));
@@ -82,7 +90,12 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(msg.contains("thermal_zone") && msg.contains("temp"), "{msg}");
-        assert!(zones.iter().filter(|z| z.kind != "cv0-thermal").all(|z| z.celsius().is_ok()));
+        assert!(
+            zones
+                .iter()
+                .filter(|z| z.kind != "cv0-thermal")
+                .all(|z| z.celsius().is_ok())
+        );
     }
 
     #[test]

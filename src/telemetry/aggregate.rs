@@ -117,11 +117,7 @@ impl<'s> Aggregator<'s> {
             pixels_done: totals.pixels_done,
             pixels_total: self.pixels_total,
             batches: totals.batches,
-            pixels_per_s: if window_s > 0.0 {
-                pixels as f64 / window_s
-            } else {
-                0.0
-            },
+            pixels_per_s: if window_s > 0.0 { pixels as f64 / window_s } else { 0.0 },
             batch_latency_s: self.window.take_quantiles(),
             batch_latency_sum_s: self.latency_sum_s,
             batch_latency_count: self.latency_count,
@@ -158,7 +154,9 @@ mod tests {
     use std::path::PathBuf;
 
     fn fixture(name: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/telemetry").join(name)
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/telemetry")
+            .join(name)
     }
 
     #[test]
@@ -210,7 +208,10 @@ mod tests {
         agg.drain(&mut drain);
         agg.sample_power(3.0);
         let s1 = agg.snapshot(&drain, 3.0, true);
-        assert_eq!((s1.seq, s1.batch, s1.batch_reason.as_str()), (1, 32, "governor: budget fell"));
+        assert_eq!(
+            (s1.seq, s1.batch, s1.batch_reason.as_str()),
+            (1, 32, "governor: budget fell")
+        );
         assert_eq!(s1.pixels_per_s, 0.0);
         assert_eq!(s1.energy_per_megapixel_j, None);
         assert!(s1.is_final);

@@ -172,7 +172,9 @@ mod tests {
         };
         let latest = LatestSnapshot::new();
         let server = MetricsServer::start(listener, latest.clone());
-        let Ok(server) = server else { panic!("{:?}", server.err()) };
+        let Ok(server) = server else {
+            panic!("{:?}", server.err())
+        };
         let addr = server.addr();
         let before = get(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
         assert!(before.starts_with("HTTP/1.1 200 OK\r\n"), "{before}");

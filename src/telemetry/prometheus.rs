@@ -100,7 +100,14 @@ impl Text {
     }
 
     /// One family with a sample per labelled value; nothing when there are none.
-    fn labelled<'a>(&mut self, name: &str, kind: &str, help: &str, label: &str, vs: impl Iterator<Item = (&'a str, f64)>) {
+    fn labelled<'a>(
+        &mut self,
+        name: &str,
+        kind: &str,
+        help: &str,
+        label: &str,
+        vs: impl Iterator<Item = (&'a str, f64)>,
+    ) {
         let mut first = true;
         for (l, v) in vs {
             if first {
@@ -123,7 +130,12 @@ pub fn render(s: Option<&Snapshot>) -> String {
         Some(s.map_or(0.0, |s| f(s.seq + 1))),
     );
     let Some(s) = s else { return t.0 };
-    t.single("hsiedge_pixels_total", "counter", "Pixels stitched.", Some(f(s.pixels_done)));
+    t.single(
+        "hsiedge_pixels_total",
+        "counter",
+        "Pixels stitched.",
+        Some(f(s.pixels_done)),
+    );
     t.single(
         "hsiedge_scene_pixels",
         "gauge",
@@ -173,7 +185,12 @@ pub fn render(s: Option<&Snapshot>) -> String {
         std::iter::once((s.batch_reason.as_str(), f(s.batch))),
     );
     if let Some(m) = &s.memory {
-        t.single("hsiedge_memory_total_bytes", "gauge", "MemTotal.", Some(f(m.total_bytes)));
+        t.single(
+            "hsiedge_memory_total_bytes",
+            "gauge",
+            "MemTotal.",
+            Some(f(m.total_bytes)),
+        );
         t.single(
             "hsiedge_memory_available_bytes",
             "gauge",
@@ -212,9 +229,27 @@ pub fn render(s: Option<&Snapshot>) -> String {
         s.power_w,
     );
     let rails = |g: fn(&super::snapshot::RailPower) -> f64| s.rails.iter().map(move |r| (r.label.as_str(), g(r)));
-    t.labelled("hsiedge_rail_power_watts", "gauge", "Power of one rail.", "rail", rails(|r| r.watts));
-    t.labelled("hsiedge_rail_voltage_volts", "gauge", "Voltage of one rail.", "rail", rails(|r| r.volts));
-    t.labelled("hsiedge_rail_current_amperes", "gauge", "Current of one rail.", "rail", rails(|r| r.amps));
+    t.labelled(
+        "hsiedge_rail_power_watts",
+        "gauge",
+        "Power of one rail.",
+        "rail",
+        rails(|r| r.watts),
+    );
+    t.labelled(
+        "hsiedge_rail_voltage_volts",
+        "gauge",
+        "Voltage of one rail.",
+        "rail",
+        rails(|r| r.volts),
+    );
+    t.labelled(
+        "hsiedge_rail_current_amperes",
+        "gauge",
+        "Current of one rail.",
+        "rail",
+        rails(|r| r.amps),
+    );
     t.single(
         "hsiedge_energy_joules_total",
         "counter",
@@ -256,14 +291,24 @@ pub fn render(s: Option<&Snapshot>) -> String {
     type Field = fn(&crate::platform::NvmlSample) -> Option<f64>;
     let nvml: [(&str, &str, Field); 5] = [
         ("hsiedge_nvml_power_watts", "Discrete GPU board power.", |g| g.power_w),
-        ("hsiedge_nvml_utilization_ratio", "Discrete GPU busy share.", |g| g.utilization),
-        ("hsiedge_nvml_memory_used_bytes", "Discrete GPU memory allocated.", |g| {
-            g.memory_used_bytes.map(|b| b as f64)
+        ("hsiedge_nvml_utilization_ratio", "Discrete GPU busy share.", |g| {
+            g.utilization
         }),
-        ("hsiedge_nvml_memory_total_bytes", "Discrete GPU memory installed.", |g| {
-            g.memory_total_bytes.map(|b| b as f64)
-        }),
-        ("hsiedge_nvml_temperature_celsius", "Discrete GPU die temperature.", |g| g.temperature_c),
+        (
+            "hsiedge_nvml_memory_used_bytes",
+            "Discrete GPU memory allocated.",
+            |g| g.memory_used_bytes.map(|b| b as f64),
+        ),
+        (
+            "hsiedge_nvml_memory_total_bytes",
+            "Discrete GPU memory installed.",
+            |g| g.memory_total_bytes.map(|b| b as f64),
+        ),
+        (
+            "hsiedge_nvml_temperature_celsius",
+            "Discrete GPU die temperature.",
+            |g| g.temperature_c,
+        ),
     ];
     for (name, help, get) in nvml {
         t.labelled(
@@ -271,7 +316,10 @@ pub fn render(s: Option<&Snapshot>) -> String {
             "gauge",
             help,
             "gpu",
-            s.nvml.iter().zip(&gpus).filter_map(|(g, i)| Some((i.as_str(), get(g)?))),
+            s.nvml
+                .iter()
+                .zip(&gpus)
+                .filter_map(|(g, i)| Some((i.as_str(), get(g)?))),
         );
     }
     t.single(
@@ -298,7 +346,9 @@ pub(crate) mod tests {
         let mut out = BTreeMap::new();
         let valid = |n: &str| {
             !n.is_empty()
-                && n.chars().enumerate().all(|(i, c)| c == '_' || c == ':' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()))
+                && n.chars()
+                    .enumerate()
+                    .all(|(i, c)| c == '_' || c == ':' || c.is_ascii_alphabetic() || (i > 0 && c.is_ascii_digit()))
         };
         for line in text.lines() {
             if let Some(rest) = line.strip_prefix("# HELP ") {
@@ -324,7 +374,10 @@ pub(crate) mod tests {
             }
             let family = ["_sum", "_count"]
                 .iter()
-                .find_map(|s| name.strip_suffix(s).filter(|f| typed.get(*f).is_some_and(|k| k == "summary")))
+                .find_map(|s| {
+                    name.strip_suffix(s)
+                        .filter(|f| typed.get(*f).is_some_and(|k| k == "summary"))
+                })
                 .unwrap_or(name);
             if !helped.contains(family) || !typed.contains_key(family) {
                 return Err(format!("{name} has no HELP/TYPE before it"));
@@ -418,7 +471,10 @@ pub(crate) mod tests {
         assert_eq!(get("hsiedge_batch_units{reason=\"auto: benchmark knee\"}"), Some(64.0));
         assert_eq!(get("hsiedge_rail_power_watts{rail=\"VDD_IN\"}"), Some(6.623));
         assert_eq!(get("hsiedge_temperature_celsius{zone=\"cpu-thermal\"}"), Some(48.5));
-        assert_eq!(get("hsiedge_nvpmodel_info{id=\"0\",name=\"15W \\\"max\\\"\"}"), Some(1.0));
+        assert_eq!(
+            get("hsiedge_nvpmodel_info{id=\"0\",name=\"15W \\\"max\\\"\"}"),
+            Some(1.0)
+        );
         assert_eq!(get("hsiedge_nvml_power_watts{gpu=\"0\"}"), Some(120.0));
         assert_eq!(get("hsiedge_gpu_frequency_hertz"), Some(624_750_000.0));
         // Absent quantities have no series at all.
@@ -429,12 +485,17 @@ pub(crate) mod tests {
     #[test]
     fn before_any_snapshot_and_without_batches() {
         assert_eq!(
-            parse(&render(None)).ok().and_then(|m| m.get("hsiedge_telemetry_snapshots_total").copied()),
+            parse(&render(None))
+                .ok()
+                .and_then(|m| m.get("hsiedge_telemetry_snapshots_total").copied()),
             Some(0.0)
         );
         let bare = Snapshot::default();
         let m = parse(&render(Some(&bare))).unwrap_or_default();
-        assert!(m.get("hsiedge_batch_latency_seconds{quantile=\"0.5\"}").is_some_and(|v| v.is_nan()));
+        assert!(
+            m.get("hsiedge_batch_latency_seconds{quantile=\"0.5\"}")
+                .is_some_and(|v| v.is_nan())
+        );
         assert_eq!(m.get("hsiedge_power_watts"), None);
     }
 }

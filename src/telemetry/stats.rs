@@ -132,11 +132,17 @@ mod tests {
             })
         );
         let mut one = [0.25];
-        assert_eq!(quantiles(&mut one).map(|q| (q.p50, q.p99, q.max)), Some((0.25, 0.25, 0.25)));
+        assert_eq!(
+            quantiles(&mut one).map(|q| (q.p50, q.p99, q.max)),
+            Some((0.25, 0.25, 0.25))
+        );
         assert_eq!(quantiles(&mut []), None);
         // Ten values: p95 and p99 are the largest, the median the fifth.
         let mut ten: Vec<f64> = (1..=10).map(f64::from).collect();
-        assert_eq!(quantiles(&mut ten).map(|q| (q.p50, q.p95, q.p99)), Some((5.0, 10.0, 10.0)));
+        assert_eq!(
+            quantiles(&mut ten).map(|q| (q.p50, q.p95, q.p99)),
+            Some((5.0, 10.0, 10.0))
+        );
     }
 
     #[test]
@@ -160,7 +166,14 @@ mod tests {
         // 5 W for 2 s, a linear ramp to 15 W over 1 s, 15 W for 1 s: 10 + 10 + 15 = 35 J.
         let mut e = EnergyMeter::default();
         assert!(!e.started());
-        for (t, w) in [(0.0, 5.0), (1.0, 5.0), (2.0, 5.0), (3.0, 15.0), (3.5, 15.0), (4.0, 15.0)] {
+        for (t, w) in [
+            (0.0, 5.0),
+            (1.0, 5.0),
+            (2.0, 5.0),
+            (3.0, 15.0),
+            (3.5, 15.0),
+            (4.0, 15.0),
+        ] {
             e.add(t, w);
         }
         assert!((e.joules() - 35.0).abs() < 1e-12, "{}", e.joules());
