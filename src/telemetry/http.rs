@@ -6,7 +6,7 @@
 //! the caller knows the port before the run starts), blocked in `accept`: it costs nothing
 //! between scrapes. [`MetricsServer::stop`] sets a flag and connects once to wake it.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,7 +109,8 @@ impl Drop for MetricsServer {
 fn answer(stream: TcpStream, latest: &LatestSnapshot) -> std::io::Result<()> {
     stream.set_read_timeout(Some(READ_TIMEOUT))?;
     stream.set_write_timeout(Some(READ_TIMEOUT))?;
-    let mut reader = BufReader::new(&stream);
+    // A client cannot make the server buffer more than one head's worth, however long its lines.
+    let mut reader = BufReader::new(Read::take(&stream, MAX_HEAD as u64));
     let mut request = String::new();
     reader.read_line(&mut request)?;
     // The rest of the head is read and ignored, so the client sees its request consumed.
@@ -118,7 +119,7 @@ fn answer(stream: TcpStream, latest: &LatestSnapshot) -> std::io::Result<()> {
         let mut line = String::new();
         let n = reader.read_line(&mut line)?;
         seen += n;
-        if n == 0 || line == "\r\n" || line == "\n" || seen > MAX_HEAD {
+        if n == 0 || line == "\r\n" || line == "\n" || seen >= MAX_HEAD {
             break;
         }
     }
@@ -151,7 +152,6 @@ fn answer(stream: TcpStream, latest: &LatestSnapshot) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use crate::telemetry::Snapshot;
-    use std::io::Read;
 
     fn get(addr: SocketAddr, request: &str) -> String {
         let mut s = match TcpStream::connect(addr) {

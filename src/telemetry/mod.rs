@@ -16,7 +16,7 @@
 //! * Exporters: [`jsonl`] (one object per line, flushed per line: `classify --telemetry`),
 //!   [`prometheus`] (text exposition of the latest snapshot) served by [`http`] on a localhost
 //!   listener, and [`Snapshot::to_cbor`] / [`cbor`] for the delivery sinks.
-//! * [`bench`]: `hsiedge bench telemetry`, classify with and without telemetry.
+//! * [`bench`](mod@bench): `hsiedge bench telemetry`, classify with and without telemetry.
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -109,6 +109,8 @@ pub struct Outcome {
     pub notices: Vec<String>,
     /// Sinks that failed (each then stopped receiving snapshots).
     pub sink_errors: Vec<String>,
+    /// CPU seconds the aggregator thread used, where the thread CPU clock is available.
+    pub aggregator_cpu_s: Option<f64>,
 }
 
 /// Runs `body` with a [`Recorder`] while an aggregator thread samples `sampler` and emits a
@@ -180,6 +182,7 @@ pub fn run<R>(
             let last = agg.snapshot(&drain, t_s, true);
             emit(&last, &mut out);
             out.last = last;
+            out.aggregator_cpu_s = crate::ffi::thread_cpu_time().map(|d| d.as_secs_f64());
             out
         });
         let result = body(&mut recorder);
