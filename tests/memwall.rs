@@ -337,9 +337,10 @@ fn a_neighbour_growing_in_the_same_cgroup_makes_it_shrink_and_finish() {
             taken += 1;
             assert_eq!(held.trim(), taken.to_string(), "the neighbour holds its steps");
         }
+        // A guard against a hung run only: a niced run on a loaded machine takes minutes.
         assert!(
-            start.elapsed() < Duration::from_secs(300),
-            "hsiedge still running after 300 s ({taken} steps taken, {seen} seen): {stderr}"
+            start.elapsed() < Duration::from_secs(1200),
+            "hsiedge still running after 1200 s ({taken} steps taken, {seen} seen): {stderr}"
         );
         std::thread::sleep(Duration::from_millis(10));
     };
