@@ -1,6 +1,7 @@
 # The two commands of the README:
 #   make demo   provision ONNX Runtime, build, classify the bundled default scene with the bundled model
-#   make test   provision ONNX Runtime, run every test (fmt, clippy, doc, unit, integration)
+#   make test   provision ONNX Runtime and the tests' Python packages, run every test (fmt, clippy,
+#               doc, unit, integration), then list the skipped tests with their reasons
 # Everything else here is what those two need.
 
 ORT_VERSION ?= 1.31.1
@@ -12,10 +13,33 @@ PYTHON ?= python3
 MODEL ?= models/hybridsn_salinas_a/manifest.json
 DATA ?= ../shared/data
 DEMO_OUT ?= out/demo
+# The Python packages the tests read hsiedge's output with and the bench baseline imports
+# (.ci/requirements.txt), in a venv of their own: a distribution Python may refuse a plain
+# install (PEP 668, "externally managed").
+VENV := target/venv
+VENV_PYTHON := $(abspath $(VENV))/bin/python
+# Each skipped test records why here; `make test` prints the records and their count.
+SKIP_DIR := $(abspath target/test-skips)
+# Runs of the auto-batch memory-wall test per cgroup limit (about 10 s each on 2 busy cores);
+# CI passes MEMWALL_RUNS=20.
+MEMWALL_RUNS ?= 3
+# Extra arguments for `cargo test` (e.g. `--test cli`); the default runs everything.
+TEST_ARGS ?=
 
-.PHONY: demo test ort build check lint bench install
+.PHONY: demo test ort build check lint bench install python-deps
 
 ort: $(ORT_LIB)
+
+$(VENV)/.installed: .ci/requirements.txt
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install -q --disable-pip-version-check -r .ci/requirements.txt
+	touch $@
+
+# Without the packages, the tests that need them skip with that reason (CI fails them instead).
+python-deps:
+	@$(MAKE) --no-print-directory $(VENV)/.installed || \
+	  echo "make: could not provision $(VENV) from .ci/requirements.txt (see above); the tests that need those Python packages will be skipped"
 
 # ONNX Runtime comes from its PyPI wheel (the registries are the only network these machines have).
 $(ORT_LIB):
@@ -36,11 +60,22 @@ lint:
 	cargo clippy --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps
 
-test: ort lint
-	cargo test
+# Every test binary runs (--no-fail-fast); the skips and the time are printed after cargo's own
+# report, and cargo's exit status is make's.
+test: ort python-deps lint
+	@rm -rf $(SKIP_DIR) && mkdir -p $(SKIP_DIR)
+	@start=$$(date +%s); status=0; py=; [ -f $(VENV)/.installed ] && py=$(VENV_PYTHON); \
+	HSIEDGE_TEST_PYTHON=$$py HSIEDGE_TEST_SKIP_DIR=$(SKIP_DIR) HSIEDGE_MEMWALL_RUNS=$(MEMWALL_RUNS) \
+	  cargo test --no-fail-fast $(TEST_ARGS) || status=$$?; \
+	n=$$(cat $(SKIP_DIR)/*.txt 2>/dev/null | wc -l); \
+	echo "== make test: $$n skipped"; \
+	[ $$n -eq 0 ] || sort $(SKIP_DIR)/*.txt | sed 's/^/   skipped: /'; \
+	echo "== make test: cargo test took $$(( $$(date +%s) - start )) s, exit status $$status"; \
+	exit $$status
 
-bench: build
-	target/release/hsiedge bench classify $(DATA)/salinas_a/salinas_a.hdr --model $(MODEL)
+bench: build python-deps
+	py=python3; [ -f $(VENV)/.installed ] && py=$(VENV_PYTHON); \
+	target/release/hsiedge bench classify $(DATA)/salinas_a/salinas_a.hdr --model $(MODEL) --python $$py
 
 # `make install [PREFIX=/usr/local] [DESTDIR=...]`: the binary, the ONNX Runtime it was built with (in
 # lib/hsiedge, where the binary looks for it) and the models.

@@ -33,12 +33,12 @@ echo "|---|---|---|---|---|---|---|---|"
 for c in "${cases[@]}"; do
   read -r model mode scene <<<"$c"
   sh -c 'echo $$ > "$0/cgroup.procs" && shift && exec "$@"' "$cg" -- \
-    "$bin" plan --model "models/$model/manifest.json" --scene "$scene" --mode "$mode" --threads 2 --verify --json \
+    "$bin" plan --model "models/$model/manifest.json" --scene "$scene" --mode "$mode" --threads 2 --no-knee --verify --json \
     >"$work/plan.json"
   python3 - "$work/plan.json" "$model" "$mode" "$scene" <<'PY'
 import json, os, sys
 p = json.load(open(sys.argv[1]))
-rows = p[1] if isinstance(p, list) else p.get("rows", [])
+rows = p["verify"]
 for r in rows:
     print(f"| {sys.argv[2]} | {sys.argv[3]} | {os.path.basename(sys.argv[4])} | {r['batch']} | {r['in_flight']} | "
           f"{r['predicted_bytes']/2**20:.1f} | {r['measured_bytes']/2**20:.1f} | {r['error']*100:+.1f} % |")

@@ -11,8 +11,12 @@ prints its two timings, so `hsiedge bench` can interleave its repetitions with i
 """
 import sys
 import argparse, json, os, re, time
-import numpy as np
-import onnxruntime as ort
+try:
+    import numpy as np
+    import onnxruntime as ort
+except ImportError as e:
+    # One line, no traceback: `hsiedge bench` names the package and says how to install it.
+    sys.exit(f"ort_patch_loop.py: {e} ({sys.executable})")
 
 DTYPES = {1: "u1", 2: "i2", 3: "i4", 4: "f4", 5: "f8", 12: "u2"}
 

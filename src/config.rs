@@ -160,8 +160,18 @@ pub const TEST_ONLY: &[EnvVar] = &[
     },
     EnvVar {
         name: "HSIEDGE_MEMWALL_RUNS",
-        default: "20",
+        default: "20 (`make test` passes its MEMWALL_RUNS, 3 unless given; CI gives 20)",
         meaning: "runs of the auto-batch memory-wall test under each cgroup limit",
+    },
+    EnvVar {
+        name: "HSIEDGE_TEST_SKIP_DIR",
+        default: "unset (a skipped test only prints its reason, which cargo hides)",
+        meaning: "folder where skipped tests record why; `make test` sets it and prints the records",
+    },
+    EnvVar {
+        name: "HSIEDGE_TEST_PYTHON",
+        default: "python3",
+        meaning: "Python the tests run (spectral, numpy, onnxruntime); `make test` sets target/venv/bin/python",
     },
     EnvVar {
         name: "HSIEDGE_DEB_REQUIRED",

@@ -33,6 +33,7 @@ use serde::Serialize;
 use crate::budget::system::{self, JetsonInfo};
 use crate::config;
 use crate::engine::{self, LibSource};
+pub use crate::platform::{Nvpmodel, PowerMode, Rail, parse_nvpmodel_conf};
 
 /// Errors of the doctor's own inputs (the checks themselves never fail; they report).
 #[derive(Debug, thiserror::Error)]
@@ -231,43 +232,6 @@ pub struct Memory {
     pub cgroup_limit_bytes: Option<u64>,
 }
 
-/// One INA3221 power rail.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Rail {
-    /// `in{N}_label`, e.g. `VDD_IN`.
-    pub label: String,
-    /// The hwmon folder, as seen from here.
-    pub hwmon: PathBuf,
-    /// Channel number N.
-    pub channel: u32,
-    /// `in{N}_input` in millivolts, when readable.
-    pub millivolts: Option<u64>,
-    /// `curr{N}_input` in milliamperes, when readable.
-    pub milliamps: Option<u64>,
-}
-
-/// One `POWER_MODEL` of `/etc/nvpmodel.conf`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct PowerMode {
-    /// `ID=`.
-    pub id: u32,
-    /// `NAME=`.
-    pub name: String,
-}
-
-/// nvpmodel state.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Default)]
-pub struct Nvpmodel {
-    /// `/etc/nvpmodel.conf`, when present.
-    pub conf: Option<PathBuf>,
-    /// The `nvpmodel` binary, when present.
-    pub binary: Option<PathBuf>,
-    /// Modes in the conf file.
-    pub modes: Vec<PowerMode>,
-    /// The current mode id from `/var/lib/nvpmodel/status`.
-    pub current: Option<u32>,
-}
-
 /// The doctor's findings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Report {
@@ -422,10 +386,10 @@ pub fn run(opts: &DoctorOptions) -> Report {
     let memory = check_memory(opts, &mut checks);
 
     let on_jetson = jetson.is_some();
-    let rails = find_rails(&opts.root);
+    let rails = crate::platform::find_rails(&opts.root);
     checks.push(rails_check(&rails, on_jetson));
 
-    let nvpmodel = find_nvpmodel(opts);
+    let nvpmodel = crate::platform::read_nvpmodel(&opts.root);
     checks.push(nvpmodel_check(&nvpmodel, on_jetson));
 
     if let Some(config) = &opts.daemon_config {
@@ -1040,57 +1004,6 @@ fn mib(bytes: u64) -> String {
 // ---------------------------------------------------------------------------------------------
 // Power rails
 
-fn sorted_entries(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = fs::read_dir(dir)
-        .map(|it| it.filter_map(|e| e.ok().map(|e| e.path())).collect())
-        .unwrap_or_default();
-    v.sort();
-    v
-}
-
-fn read_trimmed(path: &Path) -> Option<String> {
-    fs::read_to_string(path).ok().map(|s| s.trim().to_string())
-}
-
-fn find_rails(root: &Path) -> Vec<Rail> {
-    let mut rails = Vec::new();
-    for dev in sorted_entries(&root.join("sys/bus/i2c/devices")) {
-        for hwmon in sorted_entries(&dev.join("hwmon")) {
-            let is_hwmon = hwmon
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("hwmon"));
-            if !is_hwmon {
-                continue;
-            }
-            for f in sorted_entries(&hwmon) {
-                let Some(name) = f.file_name().and_then(|n| n.to_str()) else {
-                    continue;
-                };
-                let Some(channel) = name
-                    .strip_prefix("in")
-                    .and_then(|r| r.strip_suffix("_label"))
-                    .and_then(|n| n.parse::<u32>().ok())
-                else {
-                    continue;
-                };
-                let Some(label) = read_trimmed(&f) else {
-                    continue;
-                };
-                let num = |file: String| read_trimmed(&hwmon.join(file)).and_then(|s| s.parse::<u64>().ok());
-                rails.push(Rail {
-                    label,
-                    hwmon: hwmon.clone(),
-                    channel,
-                    millivolts: num(format!("in{channel}_input")),
-                    milliamps: num(format!("curr{channel}_input")),
-                });
-            }
-        }
-    }
-    rails
-}
-
 fn rails_check(rails: &[Rail], on_jetson: bool) -> Check {
     if rails.is_empty() {
         return Check {
@@ -1134,54 +1047,6 @@ fn rails_check(rails: &[Rail], on_jetson: bool) -> Check {
 
 // ---------------------------------------------------------------------------------------------
 // nvpmodel
-
-/// `< POWER_MODEL ID=2 NAME=15W >` lines of nvpmodel.conf.
-pub fn parse_nvpmodel_conf(text: &str) -> Vec<PowerMode> {
-    let mut modes = Vec::new();
-    for line in text.lines() {
-        let line = line.trim();
-        let Some(body) = line.strip_prefix('<').and_then(|l| l.strip_suffix('>')).map(str::trim) else {
-            continue;
-        };
-        let Some(fields) = body.strip_prefix("POWER_MODEL") else {
-            continue;
-        };
-        let mut id = None;
-        let mut name = None;
-        for kv in fields.split_whitespace() {
-            if let Some(v) = kv.strip_prefix("ID=") {
-                id = v.parse::<u32>().ok();
-            } else if let Some(v) = kv.strip_prefix("NAME=") {
-                name = Some(v.to_string());
-            }
-        }
-        if let (Some(id), Some(name)) = (id, name) {
-            modes.push(PowerMode { id, name });
-        }
-    }
-    modes
-}
-
-fn find_nvpmodel(opts: &DoctorOptions) -> Nvpmodel {
-    let conf_path = PathBuf::from("/etc/nvpmodel.conf");
-    let conf_text = fs::read_to_string(opts.at(&conf_path)).ok();
-    let binary = ["/usr/sbin/nvpmodel", "/usr/bin/nvpmodel", "/sbin/nvpmodel"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| opts.at(p).is_file());
-    // `/var/lib/nvpmodel/status` holds e.g. `pmode:0002 fmode:quiet`.
-    let current = read_trimmed(&opts.at(Path::new("/var/lib/nvpmodel/status"))).and_then(|s| {
-        s.split_whitespace()
-            .find_map(|w| w.strip_prefix("pmode:"))
-            .and_then(|n| n.parse::<u32>().ok())
-    });
-    Nvpmodel {
-        modes: conf_text.as_deref().map(parse_nvpmodel_conf).unwrap_or_default(),
-        conf: conf_text.map(|_| conf_path),
-        binary,
-        current,
-    }
-}
 
 fn nvpmodel_check(n: &Nvpmodel, on_jetson: bool) -> Check {
     let missing = if on_jetson { Status::Warn } else { Status::Info };
@@ -1276,26 +1141,6 @@ mod tests {
         assert_eq!(jetpack_for_l4t("R35.4.1"), Some("5.1.2"));
         assert_eq!(jetpack_for_l4t("R35.40.1"), None);
         assert_eq!(jetpack_for_l4t("R99"), None);
-    }
-
-    #[test]
-    fn nvpmodel_conf() {
-        let modes = parse_nvpmodel_conf(
-            "< POWER_MODEL ID=0 NAME=15W >\nCPU_ONLINE CORE_0 1\n< POWER_MODEL ID=1 NAME=7W >\n<PM_CONFIG DEFAULT=0>\n< POWER_MODEL NAME=broken >",
-        );
-        assert_eq!(
-            modes,
-            vec![
-                PowerMode {
-                    id: 0,
-                    name: "15W".into()
-                },
-                PowerMode {
-                    id: 1,
-                    name: "7W".into()
-                }
-            ]
-        );
     }
 
     #[test]

@@ -101,6 +101,18 @@ pub fn idle_thread_policy() -> std::io::Result<()> {
     Ok(())
 }
 
+/// CPU time the calling thread has used so far (`CLOCK_THREAD_CPUTIME_ID`); `None` where that
+/// clock is unavailable. Telemetry measures its own cost with it.
+pub fn thread_cpu_time() -> Option<std::time::Duration> {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid, writable timespec that outlives the call; the clock id is a
+    // constant the kernel knows, and clock_gettime writes nothing else.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    let secs = u64::try_from(ts.tv_sec).ok()?;
+    let nanos = u32::try_from(ts.tv_nsec).ok()?;
+    (rc == 0).then(|| std::time::Duration::new(secs, nanos))
+}
+
 /// Ends this process at once with SIGKILL, as `kill -9` from outside would: no destructor, exit
 /// handler or buffered write runs. Only the crash tests' failpoints call it.
 pub fn kill_self() -> ! {

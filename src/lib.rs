@@ -18,6 +18,8 @@ pub mod job;
 pub mod map;
 pub mod model;
 pub mod pipeline;
+pub mod platform;
 pub mod simulate;
 pub mod source;
+pub mod telemetry;
 pub mod tile;

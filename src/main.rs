@@ -96,7 +96,8 @@ struct BudgetArgs {
     /// (default: HSIEDGE_CACHE_DIR, else $XDG_CACHE_HOME/hsiedge, else ~/.cache/hsiedge).
     #[arg(long, value_name = "DIR")]
     sweep_cache: Option<PathBuf>,
-    /// Ignore cached batch sweeps (no knee cap).
+    /// No knee: neither a cached sweep's nor the in-run sweep's (which times a few batch sizes
+    /// before the run); the batch is then the largest that memory, --max-batch and the scene allow.
     #[arg(long, conflicts_with = "sweep_cache")]
     no_knee: bool,
 }
@@ -113,9 +114,24 @@ impl BudgetArgs {
             } else {
                 self.sweep_cache.clone().or_else(hsiedge::budget::knee::cache_dir)
             },
+            sweep: !self.no_knee,
             ..Default::default()
         }
     }
+}
+
+#[derive(clap::Args, Clone)]
+struct TelemetryArgs {
+    /// Write telemetry to FILE while the run goes on: one JSON snapshot per line every second
+    /// (pixels/s, batch latency quantiles, queue, memory, power, temperatures, energy per
+    /// megapixel, batch and why) and a final one.
+    #[arg(long, value_name = "FILE")]
+    telemetry: Option<PathBuf>,
+    /// Serve Prometheus metrics at http://ADDR/metrics while the run goes on; ADDR must be a
+    /// loopback address, e.g. 127.0.0.1:9184 (port 0 picks a free one; the address is printed on
+    /// stderr).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -152,6 +168,8 @@ enum Command {
         #[arg(long)]
         wait: bool,
         #[command(flatten)]
+        telemetry: TelemetryArgs,
+        #[command(flatten)]
         engine: EngineArgs,
         #[command(flatten)]
         budget: BudgetArgs,
@@ -179,7 +197,8 @@ enum Command {
         /// Optimizer whose state training holds (with --train): adam or sgd.
         #[arg(long, default_value = "adam")]
         optimizer: String,
-        /// Run the scene at batches from 1 to batch_safe and compare measured with predicted peaks.
+        /// Run the scene at batches from 1 to the ceiling (B_safe before the knee) and compare
+        /// measured with predicted peaks.
         #[arg(long, requires = "scene")]
         verify: bool,
         /// Find the real wall: run the scene in fresh processes under a cgroup capped at the budget,
@@ -315,6 +334,59 @@ enum BenchCommand {
         #[command(flatten)]
         engine: EngineArgs,
     },
+    /// `--batch auto` against fixed batches (powers of two up to B_safe): throughput, peak memory,
+    /// start-up; fresh processes, interleaved repetitions, medians.
+    Auto {
+        /// The scene's ENVI header.
+        scene: PathBuf,
+        /// Model manifest.
+        #[arg(long)]
+        model: PathBuf,
+        /// dense, patch, or auto (dense when the model has a dense twin).
+        #[arg(long, default_value = "auto")]
+        mode: String,
+        /// Tile side.
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_TILE)]
+        tile: usize,
+        /// Repetitions of every batch.
+        #[arg(long, default_value_t = 5)]
+        repeat: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// What telemetry costs classify: each repetition runs the job with and without telemetry
+    /// (alternating which goes first); the ratio is the median of per-repetition ratios with
+    /// quartiles.
+    Telemetry {
+        /// The scene's ENVI header.
+        scene: PathBuf,
+        /// Model manifest.
+        #[arg(long)]
+        model: PathBuf,
+        /// dense, patch or both (dense only when the model has a dense twin).
+        #[arg(long, default_value = "both")]
+        mode: String,
+        /// Patches per batch in patch mode.
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_PATCH_BATCH)]
+        batch: usize,
+        /// Tiles per batch in dense mode.
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_DENSE_BATCH)]
+        dense_batch: usize,
+        /// Tile side.
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_TILE)]
+        tile: usize,
+        /// Pairs of runs per mode.
+        #[arg(long, default_value_t = 21)]
+        repeat: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
     /// A long pushbroom stream through the daemon's path (wire protocol over a Unix socket, ring,
     /// tiler, engine, strip-by-strip map writing) against pure inference of the same batches; with
     /// --rate, each output row's latency from its last input line.
@@ -422,6 +494,7 @@ fn run(cli: Cli) -> Result<()> {
             keep_scores,
             json,
             wait,
+            telemetry,
             engine,
             budget,
         } => {
@@ -442,7 +515,7 @@ fn run(cli: Cli) -> Result<()> {
                 keep_scores,
                 budget: budget.settings(),
             };
-            classify(spec, json)
+            classify(spec, json, &telemetry)
         }
         Command::Plan {
             model,
@@ -585,6 +658,75 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Bench {
             what:
+                BenchCommand::Telemetry {
+                    scene,
+                    model,
+                    mode,
+                    batch,
+                    dense_batch,
+                    tile,
+                    repeat,
+                    json,
+                    engine,
+                },
+        } => {
+            let has_dense = hsiedge::model::Manifest::load(&model)?.files.dense.is_some();
+            let (dense, patch) = (
+                (hsiedge::pipeline::Mode::Dense, dense_batch),
+                (hsiedge::pipeline::Mode::Patch, batch),
+            );
+            let modes = match mode.as_str() {
+                "both" if has_dense => vec![dense, patch],
+                "both" | "patch" => vec![patch],
+                "dense" if has_dense => vec![dense],
+                "dense" => anyhow::bail!("--mode dense: the model {} has no dense twin", model.display()),
+                other => anyhow::bail!("--mode `{other}`: expected dense, patch or both"),
+            };
+            let opts = hsiedge::telemetry::bench::TelemetryBenchOptions {
+                spec: JobSpec {
+                    scene,
+                    manifest: model,
+                    out: PathBuf::new(),
+                    contention: hsiedge::map::Contention::Fail,
+                    mode: hsiedge::job::ModeChoice::Auto,
+                    batch: hsiedge::job::BatchChoice::Auto,
+                    tile,
+                    engine: engine.options()?,
+                    labels: None,
+                    keep_scores: false,
+                    budget: Default::default(),
+                },
+                modes,
+                repeat,
+            };
+            let r = hsiedge::telemetry::bench::telemetry(&opts)?;
+            print_report(&r, json)
+        }
+        Command::Bench {
+            what:
+                BenchCommand::Auto {
+                    scene,
+                    model,
+                    mode,
+                    tile,
+                    repeat,
+                    json,
+                    engine,
+                },
+        } => {
+            let opts = hsiedge::bench::auto::AutoBenchOptions {
+                scene,
+                manifest: model,
+                mode: parse_mode(&mode)?,
+                tile,
+                engine: engine.options()?,
+                repeat,
+            };
+            let r = hsiedge::bench::auto::auto(&opts)?;
+            print_report(&r, json)
+        }
+        Command::Bench {
+            what:
                 BenchCommand::Stream {
                     scene,
                     model,
@@ -695,7 +837,13 @@ fn print_report<T: serde::Serialize + std::fmt::Display>(report: &T, json: bool)
     Ok(())
 }
 
-fn classify(spec: JobSpec, json: bool) -> Result<()> {
+// The job's error is returned as built (it names what failed); it is not on a hot path.
+#[allow(clippy::result_large_err)]
+fn classify(spec: JobSpec, json: bool, telemetry: &TelemetryArgs) -> Result<()> {
+    use hsiedge::telemetry::{self as tm, JsonLines, LatestSnapshot, MetricsServer, Sink};
+    // Both are opened before the model loads, so a bad path or address fails at once.
+    let listener = telemetry.metrics.as_deref().map(tm::http::bind_local).transpose()?;
+    let mut jsonl = telemetry.telemetry.as_deref().map(JsonLines::create).transpose()?;
     let mut job = Job::resolve(spec)?;
     let total = job.cube.lines() * job.cube.samples();
     let bar = if std::io::stderr().is_terminal() && !json {
@@ -708,15 +856,61 @@ fn classify(spec: JobSpec, json: bool) -> Result<()> {
     } else {
         None
     };
-    let (maps, stats) = job.infer(&mut |done| {
+    let progress = |done: &hsiedge::pipeline::BatchDone| {
         if let Some(b) = &bar {
             b.set_position(done.pixels_done as u64);
         }
-    })?;
+    };
+    let mut latest = LatestSnapshot::new();
+    let server = match listener {
+        Some(l) => {
+            let server = MetricsServer::start(l, latest.clone())?;
+            eprintln!("hsiedge: metrics on http://{}/metrics", server.addr());
+            Some(server)
+        }
+        None => None,
+    };
+    let (maps, stats) = if jsonl.is_some() || server.is_some() {
+        let mut sampler = tm::Sampler::discover(std::path::Path::new("/"), true);
+        let info = tm::RunInfo {
+            batch: job.run.batch as u64,
+            batch_reason: match &job.plan {
+                Some(auto) => format!("auto: {}", auto.plan.limited_by),
+                None => "fixed".into(),
+            },
+            pixels_total: Some(total as u64),
+        };
+        let mut sinks: Vec<&mut dyn Sink> = Vec::new();
+        if let Some(f) = jsonl.as_mut() {
+            sinks.push(f);
+        }
+        if server.is_some() {
+            sinks.push(&mut latest);
+        }
+        let (result, outcome) = tm::run(&tm::TelemetryConfig::default(), &mut sampler, info, &mut sinks, |rec| {
+            job.infer(&mut |done| {
+                progress(done);
+                rec.record(done);
+            })
+        });
+        let outcome = outcome?;
+        for n in &outcome.notices {
+            eprintln!("hsiedge: telemetry: {n}");
+        }
+        for e in &outcome.sink_errors {
+            eprintln!("hsiedge: warning: telemetry stopped writing to {e}");
+        }
+        result?
+    } else {
+        job.infer(&mut |done| progress(done))?
+    };
     if let Some(b) = bar {
         b.finish_and_clear();
     }
     let summary = job.write(&maps, &stats)?;
+    if let Some(server) = server {
+        server.stop();
+    }
     if summary.nonfinite_pixels > 0 {
         eprintln!(
             "warning: {} pixels got a NaN or infinite model output (a non-finite value in {} or a \

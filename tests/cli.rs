@@ -180,7 +180,7 @@ fn gdal_and_spectral_python_open_the_maps() {
                 }
             }
         }
-        None if !ci => eprintln!("skipped: gdalinfo not on PATH"),
+        None if !ci => skip("gdalinfo not on PATH"),
         None => panic!("CI installs gdal-bin, but gdalinfo is not on PATH"),
     }
     let py = format!(
@@ -198,13 +198,13 @@ fn gdal_and_spectral_python_open_the_maps() {
         out.join("scores.hdr").display(),
         out.join("confidence.hdr").display()
     );
-    match std::process::Command::new("python3").args(["-c", &py]).output() {
+    let Some(python) = python_with(&["spectral", "numpy"]) else {
+        return;
+    };
+    match std::process::Command::new(&python).args(["-c", &py]).output() {
         Ok(o) if o.status.success() => assert!(String::from_utf8_lossy(&o.stdout).contains("ok")),
-        Ok(o) if !ci && String::from_utf8_lossy(&o.stderr).contains("No module named 'spectral'") => {
-            eprintln!("skipped: spectral not installed")
-        }
         Ok(o) => panic!("spectral python: {}", String::from_utf8_lossy(&o.stderr)),
-        Err(e) => panic!("python3: {e}"),
+        Err(e) => panic!("{python}: {e}"),
     }
 }
 
@@ -382,7 +382,7 @@ fn a_build_tree_binary_finds_the_library_make_ort_put_beside_it() {
     {
         // A target folder outside the source tree (CARGO_TARGET_DIR) has no target/ort beside it.
         assert!(std::env::var("CI").is_err(), "CI builds in target/, beside target/ort");
-        eprintln!("skipped: no libonnxruntime beside {}", exe.display());
+        skip(format!("no libonnxruntime beside {}", exe.display()));
         return;
     }
     let d = tempfile::tempdir().unwrap();
@@ -414,7 +414,7 @@ fn no_library_anywhere_says_what_to_install() {
         .iter()
         .find(|d| hsiedge::engine::lib_in(Path::new(d)).is_some());
     if let Some(dir) = system {
-        eprintln!("skipped: this system has libonnxruntime in {dir}");
+        skip(format!("this system has libonnxruntime in {dir}"));
         return;
     }
     let scene = tiny_cube(d.path());
@@ -754,7 +754,7 @@ fn output_piped_into_a_reader_that_stops_early_ends_quietly() {
     let manifest = root().join("models/hybridsn_salinas_a/manifest.json");
     let bin = env!("CARGO_BIN_EXE_hsiedge");
     if std::env::var("HSIEDGE_TEST_RUNNER").is_ok_and(|r| !r.trim().is_empty()) {
-        eprintln!("skipped: the pipe test runs the native binary only");
+        skip("the pipe test runs the native binary only");
         return;
     }
     let out = std::process::Command::new("sh")
@@ -765,4 +765,36 @@ fn output_piped_into_a_reader_that_stops_early_ends_quietly() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{err}");
     assert_eq!(out.stdout.len(), 1);
+}
+
+#[test]
+fn bench_classify_without_the_python_onnxruntime_says_how_to_install_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let scene = tiny_cube(dir.path());
+    // An interpreter that sees no installed package (isolated, no site-packages).
+    let bare = dir.path().join("bare-python");
+    std::fs::write(&bare, "#!/bin/sh\nexec python3 -I -S \"$@\"\n").unwrap();
+    std::fs::set_permissions(&bare, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let script = root().join("benches/ort_patch_loop.py");
+    let err = fails(&[
+        "bench",
+        "classify",
+        scene.to_str().unwrap(),
+        "--model",
+        tiny().to_str().unwrap(),
+        "--only",
+        "patch",
+        "--repeat",
+        "1",
+        "--python",
+        bare.to_str().unwrap(),
+        "--script",
+        script.to_str().unwrap(),
+    ]);
+    assert!(err.contains("has no Python package `numpy`"), "{err}");
+    assert!(
+        err.contains("-m pip install onnxruntime==") && err.contains("--no-python"),
+        "says how to install it or how to do without: {err}"
+    );
+    assert!(!err.contains("Traceback"), "{err}");
 }

@@ -52,14 +52,14 @@ fn salinas_a_class_map_matches_host() {
         std::env::var_os("HSIEDGE_E2E_HOST_BIN").map(PathBuf::from),
         std::env::var_os("HSIEDGE_E2E_HOST_ORT").map(PathBuf::from),
     ) else {
-        eprintln!("skipped: HSIEDGE_E2E_HOST_BIN / HSIEDGE_E2E_HOST_ORT not set (cross/run test sets them)");
+        common::skip("HSIEDGE_E2E_HOST_BIN / HSIEDGE_E2E_HOST_ORT not set (cross/run test sets them)");
         return;
     };
     let data = std::env::var_os("HSIEDGE_DATA").map_or_else(|| common::root().join("../shared/data"), PathBuf::from);
     let scene = data.join("salinas_a/salinas_a.hdr");
     if !scene.is_file() {
         assert!(std::env::var("CI").is_err(), "CI must have {}", scene.display());
-        eprintln!("skipped: {} not present", scene.display());
+        common::skip(format!("{} not present", scene.display()));
         return;
     }
     let mut models: Vec<PathBuf> = std::fs::read_dir(common::root().join("models"))

@@ -324,67 +324,6 @@ fn memory_stays_flat_across_100_consecutive_scenes() {
 }
 
 #[test]
-fn cubes_dropped_in_the_spool_are_served_like_streamed_scenes() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
-    let cubes = d.join("cubes");
-    std::fs::create_dir(&cubes).unwrap();
-    let good = tiny_cube(&cubes, "drop-1", 24, 16);
-    write_cube(&cubes, "drop-5b", 8, 8, 5, |_, _, _| 1.0);
-    write_config_with(
-        d,
-        &[Model {
-            name: "tiny",
-            manifest: &tiny(),
-            mode: "dense",
-            batch: 1,
-        }],
-        "",
-        &format!("[spool]\nroot = \"{}/spool\"\npoll_s = 0.05\n", d.display()),
-    );
-    let daemon = Daemon::start(d);
-    daemon.wait_for(
-        "listening",
-        |v| v["listener"].as_str().unwrap().starts_with("spool "),
-        Duration::ZERO,
-    );
-    // The producer's convention: the data file first, then the header renamed in.
-    let incoming = d.join("spool/incoming");
-    for name in ["drop-1", "drop-5b"] {
-        std::fs::copy(cubes.join(format!("{name}.img")), incoming.join(format!("{name}.img"))).unwrap();
-        std::fs::copy(cubes.join(format!("{name}.hdr")), incoming.join(format!(".{name}.tmp"))).unwrap();
-        std::fs::rename(
-            incoming.join(format!(".{name}.tmp")),
-            incoming.join(format!("{name}.hdr")),
-        )
-        .unwrap();
-    }
-    daemon.wait_for("scene_done", |v| v["scene_id"] == "drop-1", Duration::from_secs(30));
-    let want = d.join("classify");
-    classify(&good, &tiny(), "dense", 1, &want);
-    same_maps(&d.join("outbox/drop-1"), &want);
-    // The claim ends in done/ with the scene's record, the refused cube in failed/ with why.
-    let start = Instant::now();
-    while !(d.join("spool/done/drop-1/drop-1.json").is_file()
-        && d.join("spool/failed/drop-5b/drop-5b.reason").is_file())
-    {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "claims not released: {:?}",
-            tree(&d.join("spool"))
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let record = String::from_utf8(read(&d.join("spool/done/drop-1/drop-1.json"))).unwrap();
-    assert!(record.contains("\"lines\": 24"), "{record}");
-    let reason = String::from_utf8(read(&d.join("spool/failed/drop-5b/drop-5b.reason"))).unwrap();
-    assert!(reason.contains("5 bands"), "{reason}");
-    assert!(!d.join("outbox/drop-5b").exists());
-    assert_eq!(daemon.control(r#"{"cmd":"drain"}"#)["ok"], true);
-    assert_eq!(daemon.wait(Duration::from_secs(30)), Some(0));
-}
-
-#[test]
 fn under_a_memory_cap_the_budget_binds_to_the_cgroup() {
     let cap_bytes: u64 = 512 << 20;
     let cap = match hsiedge::budget::wall::MemoryCap::new(Path::new("/"), cap_bytes) {
@@ -425,4 +364,79 @@ fn under_a_memory_cap_the_budget_binds_to_the_cgroup() {
     assert_eq!(daemon.control(r#"{"cmd":"drain"}"#)["ok"], true);
     assert_eq!(daemon.wait(Duration::from_secs(30)), Some(0));
     assert_eq!(cap.oom_kills(), 0);
+}
+
+/// Puts a cube into a spool's inbox as docs/spool.md says a producer must: the data file first,
+/// the header renamed into place last.
+fn deliver(incoming: &Path, cube: &Path) {
+    let name = cube.file_stem().unwrap().to_str().unwrap();
+    std::fs::copy(cube.with_extension("img"), incoming.join(format!("{name}.img"))).unwrap();
+    let tmp = incoming.join(format!(".{name}.hdr.tmp"));
+    std::fs::copy(cube, &tmp).unwrap();
+    std::fs::rename(&tmp, incoming.join(format!("{name}.hdr"))).unwrap();
+}
+
+#[test]
+fn cubes_dropped_into_the_spool_are_classified_and_moved_to_done_or_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cubes = d.join("cubes");
+    std::fs::create_dir(&cubes).unwrap();
+    let good = tiny_cube(&cubes, "pass-01", 9, 11);
+    let other = tiny_cube(&cubes, "pass-02", 13, 7);
+    let wrong_bands = write_cube(&cubes, "pass-03", 5, 5, 3, |l, b, s| (l + b + s) as f32);
+    std::fs::write(
+        d.join("hsiedge.toml"),
+        format!(
+            "[paths]\noutbox = \"{d}/outbox\"\nstate = \"{d}/state\"\ncontrol = \"{d}/control.sock\"\n\
+             spool = \"{d}/spool\"\n[intake]\ndefault_model = \"tiny\"\n\
+             [models.tiny]\nmanifest = \"{m}\"\nmode = \"dense\"\nbatch = 2\ntile = 32\nthreads = 1\n",
+            d = d.display(),
+            m = tiny().display()
+        ),
+    )
+    .unwrap();
+    let daemon = Daemon::start(d);
+    let incoming = d.join("spool/incoming");
+    assert!(incoming.is_dir(), "the spool's inbox is made at start");
+    for c in [&good, &other, &wrong_bands] {
+        deliver(&incoming, c);
+    }
+    for (id, cube) in [("pass-01", &good), ("pass-02", &other)] {
+        daemon.wait_for("scene_done", |v| v["scene_id"] == id, Duration::from_secs(60));
+        let want = d.join(format!("classify-{id}"));
+        classify(cube, &tiny(), "dense", 2, &want);
+        same_maps(&d.join("outbox").join(id), &want);
+        daemon.wait_for("spool", |v| v["scene"] == id, Duration::from_secs(30));
+        assert!(
+            d.join("spool/done").join(id).join(format!("{id}.hdr")).is_file(),
+            "{id} in done/"
+        );
+    }
+    let refused = daemon.wait_for(
+        "refused",
+        |v| v["msg"].as_str().is_some_and(|m| m.contains("pass-03")),
+        Duration::from_secs(30),
+    );
+    assert!(refused["msg"].as_str().unwrap().contains("bands"), "{refused}");
+    let reason = d.join("spool/failed/pass-03/pass-03.reason");
+    let start = Instant::now();
+    while !reason.is_file() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "pass-03 never reached failed/"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(std::fs::read_to_string(&reason).unwrap().contains("bands"));
+    assert!(
+        !d.join("outbox/pass-03").exists(),
+        "nothing written for a refused scene"
+    );
+    assert!(
+        std::fs::read_dir(&incoming).unwrap().next().is_none(),
+        "the inbox is empty"
+    );
+    assert_eq!(daemon.control(r#"{"cmd":"drain"}"#)["ok"], true);
+    assert_eq!(daemon.wait(Duration::from_secs(60)), Some(0));
 }

@@ -2,6 +2,8 @@
 //! contents (`dpkg-deb --contents`). A package that has not been built is skipped, unless
 //! `HSIEDGE_DEB_REQUIRED=1` (set by `cross/run deb*`, `cross/ci.sh`) makes that a failure.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -52,7 +54,9 @@ fn check(arch: &str) {
             std::env::var("HSIEDGE_DEB_REQUIRED").as_deref() != Ok("1"),
             "no {arch} package under target/debian (run cross/run deb / deb-amd64)"
         );
-        eprintln!("skipped: no {arch} package under target/debian (cross/run deb / deb-amd64 builds it)");
+        common::skip(format!(
+            "no {arch} package under target/debian (cross/run deb / deb-amd64 builds it)"
+        ));
         return;
     };
     let info = dpkg_deb(&["--info"], &deb);

@@ -221,6 +221,9 @@ fn bench_classify_pairs_each_repetition_with_one_of_the_python_loop() {
     let (Some(data), Some(model)) = (data(), model("spectral1d_salinas_a")) else {
         return;
     };
+    let Some(python) = python_with(&["onnxruntime", "numpy"]) else {
+        return;
+    };
     let scene = data.join("salinas_a/salinas_a.hdr");
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/ort_patch_loop.py");
     let r = bench(
@@ -232,7 +235,7 @@ fn bench_classify_pairs_each_repetition_with_one_of_the_python_loop() {
             "--repeat",
             "3",
             "--python",
-            "python3",
+            &python,
             "--script",
             script.to_str().unwrap(),
         ],

@@ -5,6 +5,9 @@
 //! stitch, write), the pure inference time of exactly the batches each mode sends, and optionally a
 //! bare onnxruntime Python loop over the same patches and batch size (`benches/ort_patch_loop.py`).
 //!
+//! `auto` (`bench::auto`) checks `--batch auto` against fixed batches up to B_safe; `sweep`
+//! (`bench::sweep`) times batch sizes and caches the plateau knee.
+//!
 //! The measurements of a mode are interleaved, one of each per repetition, and each ratio is the
 //! median of the per-repetition ratios, reported with their quartiles: on a shared machine whose
 //! speed drifts by several per cent over a minute, two blocks of runs timed one after the other
@@ -13,6 +16,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+pub mod auto;
 pub mod stream;
 pub mod sweep;
 
@@ -34,6 +38,19 @@ pub enum BenchError {
         command: String,
         /// What went wrong (its stderr, or the parse error).
         message: String,
+    },
+    /// The baseline's interpreter cannot import a package the baseline needs.
+    #[error(
+        "python baseline: `{python}` has no Python package `{module}`; install the baseline's \
+         packages with `{python} -m pip install onnxruntime=={} numpy` (`make test` puts them in \
+         target/venv: pass `--python target/venv/bin/python`), or pass --no-python to skip the baseline",
+        crate::engine::ORT_VERSION
+    )]
+    BaselineMissing {
+        /// The interpreter.
+        python: String,
+        /// The top-level package it could not import.
+        module: String,
     },
     /// A temporary output folder could not be made.
     #[error("temporary folder: {0}")]
@@ -189,6 +206,14 @@ fn each_batch(
     );
 }
 
+/// The top-level package named by Python's `No module named 'a.b'` in `stderr`, if any.
+fn missing_module(stderr: &str) -> Option<&str> {
+    const NEEDLE: &str = "No module named '";
+    let rest = &stderr[stderr.find(NEEDLE)? + NEEDLE.len()..];
+    let name = &rest[..rest.find('\'')?];
+    name.split('.').next().filter(|m| !m.is_empty())
+}
+
 /// A Python baseline process kept alive across repetitions, so each of its repetitions runs
 /// between two of hsiedge's under the same machine conditions.
 struct PythonLoop {
@@ -197,6 +222,7 @@ struct PythonLoop {
     stdout: std::io::BufReader<std::process::ChildStdout>,
     /// The child's stderr: a file, not a pipe, so a chatty child never blocks on a full pipe.
     stderr: std::fs::File,
+    python: String,
     command: String,
     onnxruntime: String,
 }
@@ -252,6 +278,7 @@ impl PythonLoop {
             stdin,
             stdout: std::io::BufReader::new(stdout),
             stderr,
+            python: python.to_string(),
             command,
             onnxruntime: String::new(),
         };
@@ -271,7 +298,8 @@ impl PythonLoop {
         serde_json::from_str(&line).map_err(|e| self.err(format!("{e}: {}", line.trim())))
     }
 
-    /// The error for a child that has gone: its exit status and what it wrote to stderr.
+    /// The error for a child that has gone: the package it could not import, else its exit
+    /// status and what it wrote to stderr.
     fn exited(&mut self) -> BenchError {
         use std::io::{Read, Seek};
         let status = match self.child.wait() {
@@ -281,6 +309,12 @@ impl PythonLoop {
         let mut stderr = String::new();
         if self.stderr.seek(std::io::SeekFrom::Start(0)).is_ok() {
             let _ = self.stderr.read_to_string(&mut stderr);
+        }
+        if let Some(module) = missing_module(&stderr) {
+            return BenchError::BaselineMissing {
+                python: self.python.clone(),
+                module: module.to_string(),
+            };
         }
         self.err(format!("exited early ({status}): {}", stderr.trim()))
     }
@@ -561,6 +595,17 @@ impl std::fmt::Display for ClassifyBench {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_python_package_is_named_from_the_import_error() {
+        let stderr = "ort_patch_loop.py: No module named 'onnxruntime' (/usr/bin/python3)\n";
+        assert_eq!(missing_module(stderr), Some("onnxruntime"));
+        let traceback = "Traceback (most recent call last):\n  File \"x.py\", line 1\n\
+                         ModuleNotFoundError: No module named 'numpy.linalg'\n";
+        assert_eq!(missing_module(traceback), Some("numpy"));
+        assert_eq!(missing_module("Segmentation fault"), None);
+        assert_eq!(missing_module("No module named ''"), None);
+    }
 
     #[test]
     fn median_and_quartiles_are_nearest_rank_and_bracket_each_other() {

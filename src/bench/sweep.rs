@@ -126,6 +126,7 @@ pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, BenchError> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
     let mut points: Vec<SweepPoint> = Vec::new();
     let mut stopped = "largest batch size asked for".to_string();
+    let mut at_wall = false;
     let mut sizes = opts.batches.clone();
     sizes.sort_unstable();
     sizes.dedup();
@@ -149,6 +150,7 @@ pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, BenchError> {
                 system.binding.name(),
                 usable >> 20
             );
+            at_wall = true;
             break;
         }
         let n = usize::try_from(b).map_err(|_| BenchError::Setting(format!("batch {b} is too large")))?;
@@ -179,13 +181,14 @@ pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, BenchError> {
             elasticity: None,
         });
         knee::fill_elasticities(&mut points);
-        // Two flat steps past a knee confirm the plateau; larger sizes would only spend memory.
         if let Some(k) = knee::knee(&points) {
-            let beyond = points.iter().filter(|q| q.batch > k).count();
-            if beyond >= 2 {
-                stopped = format!("plateau: knee at {k}, confirmed by {beyond} larger sizes");
-                break;
-            }
+            let above: Vec<u64> = points.iter().map(|q| q.batch).filter(|&q| q > k).collect();
+            stopped = format!(
+                "plateau: knee at {k}, confirmed by {} larger sizes up to {}",
+                above.len(),
+                above.last().copied().unwrap_or(k)
+            );
+            break;
         }
         if m > opts.max_run_s {
             stopped = format!("time: one run at batch {b} took {m:.2} s (limit {} s)", opts.max_run_s);
@@ -195,13 +198,24 @@ pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, BenchError> {
     if points.is_empty() {
         return Err(BenchError::Setting(format!("no batch size could run: {stopped}")));
     }
+    // At the memory wall the pick below it is the knee (B_safe caps it); elsewhere only a
+    // confirmed plateau is one.
+    let knee = if at_wall {
+        knee::pick(&points, u64::MAX).map(|p| p.batch)
+    } else {
+        knee::knee(&points)
+    };
+    if knee.is_none() {
+        stopped.push_str("; no knee: per-unit time may still fall past the largest size");
+    }
     let record = SweepRecord {
         key,
         created_unix_s: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         repeat: opts.repeat,
-        knee: knee::knee(&points),
+        knee,
+        threads_used: threads_used(opts.engine.threads),
         points,
         stopped,
     };
@@ -212,17 +226,27 @@ pub fn sweep(opts: &SweepOptions) -> Result<SweepResult, BenchError> {
     Ok(SweepResult { record, cache_file })
 }
 
+/// Intra-op threads ONNX Runtime runs with: `configured`, or one per core for 0.
+pub fn threads_used(configured: usize) -> usize {
+    if configured > 0 {
+        configured
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+}
+
 impl std::fmt::Display for SweepResult {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let r = &self.record;
         let unit = if r.key.mode == "dense" { "tile" } else { "sample" };
         writeln!(
             f,
-            "model {} ({} mode{}), {} threads, {} repeats, {}",
+            "model {} ({} mode{}), {} threads{}, {} repeats, {}",
             r.key.model,
             r.key.mode,
             r.key.tile.map(|t| format!(", tile {t}")).unwrap_or_default(),
-            r.key.threads,
+            r.threads_used,
+            if r.key.threads == 0 { " (one per core)" } else { "" },
             r.repeat,
             r.key.cpu
         )?;
@@ -247,11 +271,15 @@ impl std::fmt::Display for SweepResult {
         match r.knee {
             Some(k) => writeln!(
                 f,
-                "knee: {k} {unit}s (first step gaining less than elasticity {} and within {:.0} % of the best)",
-                knee::PLATEAU_ELASTICITY,
+                "knee: {k} {unit}s (the smallest batch within {:.0} % of the best per-{unit} time)",
                 knee::PLATEAU_TOLERANCE * 100.0
             )?,
-            None => writeln!(f, "knee: none (per-{unit} time still falling at the largest size)")?,
+            None => writeln!(
+                f,
+                "knee: none (a plateau needs {} sizes above the pick, up to {}x it)",
+                knee::CONFIRM_SIZES,
+                knee::CONFIRM_SPAN
+            )?,
         }
         write!(f, "stopped: {}", r.stopped)?;
         if let Some(p) = &self.cache_file {

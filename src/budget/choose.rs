@@ -1,8 +1,10 @@
 //! Choosing the batch: the safe-batch formula, and the wall search for discrete GPUs.
 //!
-//! `B_safe = floor((budget*(1 - r_frag) - M_fixed) / a)`, capped by a configured maximum and by
-//! the plateau knee of a cached benchmark (past the knee a larger batch buys no throughput, only
-//! risk). Dense mode counts tiles instead of samples: same formula, per-tile cost.
+//! `B_safe = floor((budget*(1 - r_frag) - M_fixed) / a)`, capped by `--max-batch` and by the
+//! scene (no batch larger than its pixels, or its tiles in dense mode), then by the plateau knee
+//! of a batch sweep (past the knee a larger batch buys no throughput, only memory). Dense mode
+//! counts tiles instead of samples: same formula, per-tile cost. [`Limit`] names the cap that
+//! bound.
 //!
 //! [`find_wall`] is the seeds' search (grow x1.5 until a run fails, then bisect). It runs the
 //! model up to failure, so it is only for discrete GPUs (`--probe-wall`), where a failed
@@ -21,9 +23,11 @@ use super::cost::{CostModel, Unit};
 pub struct ChooseConfig {
     /// `r_frag`: the share of the budget kept back for allocator fragmentation, in `[0, 1)`.
     pub frag_margin: f64,
-    /// The largest batch ever run (units), at least 1.
+    /// The largest batch ever run (units, `--max-batch`), at least 1.
     pub max_units: u64,
-    /// The plateau knee of a cached benchmark (units), if one is known.
+    /// The units the scene has (pixels, or tiles in dense mode), when planning for one.
+    pub scene_units: Option<u64>,
+    /// The plateau knee of a batch sweep (units), if one is known.
     pub knee: Option<u64>,
 }
 
@@ -32,6 +36,7 @@ impl Default for ChooseConfig {
         Self {
             frag_margin: 0.10,
             max_units: 8192,
+            scene_units: None,
             knee: None,
         }
     }
@@ -54,6 +59,13 @@ impl ChooseConfig {
                 why: "must be at least 1",
             });
         }
+        if self.scene_units == Some(0) {
+            return Err(BudgetError::Config {
+                field: "scene_units",
+                value: "0".into(),
+                why: "a scene has at least one unit",
+            });
+        }
         if self.knee == Some(0) {
             return Err(BudgetError::Config {
                 field: "knee",
@@ -66,14 +78,18 @@ impl ChooseConfig {
 }
 
 /// What bounded the chosen batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Limit {
     /// The memory formula.
     Memory,
-    /// The configured maximum.
-    Maximum,
-    /// The benchmark knee.
+    /// `--max-batch`.
+    MaxBatch,
+    /// The scene's pixels (patch mode): a batch never holds more.
+    Scene,
+    /// The scene's tiles (dense mode).
+    Tiles,
+    /// The plateau knee of a batch sweep (in-run or cached).
     Knee,
 }
 
@@ -81,9 +97,57 @@ impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Memory => "memory",
-            Self::Maximum => "configured maximum",
-            Self::Knee => "benchmark knee",
+            Self::MaxBatch => "--max-batch",
+            Self::Scene => "the scene's pixels",
+            Self::Tiles => "the scene's tiles",
+            Self::Knee => "the plateau knee",
         })
+    }
+}
+
+/// A memory-bound batch after the caps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capped {
+    /// The largest batch memory, `--max-batch` and the scene allow (B_safe before the knee).
+    pub ceiling: u64,
+    /// What bound `ceiling`.
+    pub ceiling_limited_by: Limit,
+    /// `ceiling`, lowered to the knee when one is given.
+    pub units: u64,
+    /// What bound `units`.
+    pub limited_by: Limit,
+}
+
+/// Caps `memory_units` by `--max-batch`, then the scene, then the knee; each cap that lowers the
+/// batch becomes its limit.
+pub fn cap(memory_units: u64, unit: Unit, cfg: &ChooseConfig) -> Capped {
+    let mut units = memory_units;
+    let mut limited_by = Limit::Memory;
+    if units > cfg.max_units {
+        units = cfg.max_units;
+        limited_by = Limit::MaxBatch;
+    }
+    if let Some(s) = cfg.scene_units
+        && units > s
+    {
+        units = s;
+        limited_by = match unit {
+            Unit::Sample => Limit::Scene,
+            Unit::Tile => Limit::Tiles,
+        };
+    }
+    let (ceiling, ceiling_limited_by) = (units, limited_by);
+    if let Some(k) = cfg.knee
+        && units > k
+    {
+        units = k;
+        limited_by = Limit::Knee;
+    }
+    Capped {
+        ceiling,
+        ceiling_limited_by,
+        units,
+        limited_by,
     }
 }
 
@@ -98,6 +162,10 @@ pub struct Choice {
     pub memory_units: u64,
     /// What bound `units_safe`.
     pub limited_by: Limit,
+    /// The largest batch memory, `--max-batch` and the scene allow (B_safe before the knee).
+    pub ceiling_units: u64,
+    /// What bound `ceiling_units`.
+    pub ceiling_limited_by: Limit,
     /// The budget the formula started from.
     pub budget_bytes: u64,
     /// `ceil(budget * r_frag)`.
@@ -114,27 +182,18 @@ pub fn safe_units(budget_bytes: u64, cost: &CostModel, cfg: &ChooseConfig) -> Re
     let frag_margin_bytes = ((budget_bytes as f64) * cfg.frag_margin).ceil() as u64;
     let usable_bytes = budget_bytes.saturating_sub(frag_margin_bytes);
     let memory_units = usable_bytes.saturating_sub(cost.fixed_bytes) / cost.per_unit_bytes.max(1);
-    let mut units = memory_units;
-    let mut limited_by = Limit::Memory;
-    if units > cfg.max_units {
-        units = cfg.max_units;
-        limited_by = Limit::Maximum;
-    }
-    if let Some(k) = cfg.knee
-        && units > k
-    {
-        units = k;
-        limited_by = Limit::Knee;
-    }
+    let c = cap(memory_units, cost.unit, cfg);
     Ok(Choice {
         unit: cost.unit,
-        units_safe: units,
+        units_safe: c.units,
         memory_units,
-        limited_by,
+        limited_by: c.limited_by,
+        ceiling_units: c.ceiling,
+        ceiling_limited_by: c.ceiling_limited_by,
         budget_bytes,
         frag_margin_bytes,
         usable_bytes,
-        predicted_peak_bytes: cost.predict(units),
+        predicted_peak_bytes: cost.predict(c.units),
     })
 }
 
@@ -216,7 +275,7 @@ mod tests {
         let cfg = ChooseConfig {
             frag_margin: 0.10,
             max_units: 100_000,
-            knee: None,
+            ..ChooseConfig::default()
         };
         let c = safe_units(4096 * MIB, &cost, &cfg).unwrap();
         // (4096*0.9 - 200) / 6 = (3686.4 - 200) / 6 = 581.06 -> 581.
@@ -232,17 +291,42 @@ mod tests {
         let mut cfg = ChooseConfig {
             frag_margin: 0.0,
             max_units: 50,
-            knee: None,
+            ..ChooseConfig::default()
         };
         let c = safe_units(10_000, &cost, &cfg).unwrap();
-        assert_eq!((c.units_safe, c.memory_units, c.limited_by), (50, 990, Limit::Maximum));
+        assert_eq!((c.units_safe, c.memory_units, c.limited_by), (50, 990, Limit::MaxBatch));
         cfg.knee = Some(32);
         let c = safe_units(10_000, &cost, &cfg).unwrap();
         assert_eq!((c.units_safe, c.limited_by, c.unit), (32, Limit::Knee, Unit::Tile));
+        assert_eq!((c.ceiling_units, c.ceiling_limited_by), (50, Limit::MaxBatch));
         let c = safe_units(105, &cost, &cfg).unwrap();
         assert_eq!(c.units_safe, 0);
         cfg.frag_margin = 1.0;
         assert!(matches!(safe_units(1, &cost, &cfg), Err(BudgetError::Config { .. })));
+    }
+
+    #[test]
+    fn each_cap_names_itself() {
+        let cfg = |max_units, scene_units, knee| ChooseConfig {
+            max_units,
+            scene_units,
+            knee,
+            ..ChooseConfig::default()
+        };
+        let c = cap(7138, Unit::Sample, &cfg(8192, Some(7138), None));
+        assert_eq!((c.units, c.limited_by), (7138, Limit::Memory), "a tie is the memory's");
+        let c = cap(123_372, Unit::Sample, &cfg(8192, Some(7138), None));
+        assert_eq!((c.units, c.limited_by), (7138, Limit::Scene));
+        let c = cap(123_372, Unit::Tile, &cfg(8192, Some(4), None));
+        assert_eq!((c.units, c.limited_by), (4, Limit::Tiles));
+        let c = cap(123_372, Unit::Sample, &cfg(8192, Some(100_000), Some(32)));
+        assert_eq!((c.ceiling, c.ceiling_limited_by), (8192, Limit::MaxBatch));
+        assert_eq!((c.units, c.limited_by), (32, Limit::Knee));
+        // A knee above the ceiling does not bind.
+        let c = cap(20, Unit::Sample, &cfg(8192, None, Some(32)));
+        assert_eq!((c.units, c.limited_by, c.ceiling), (20, Limit::Memory, 20));
+        assert_eq!(Limit::MaxBatch.to_string(), "--max-batch");
+        assert_eq!(serde_json::to_string(&Limit::MaxBatch).unwrap(), "\"max_batch\"");
     }
 
     #[test]

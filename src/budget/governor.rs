@@ -262,7 +262,7 @@ mod tests {
         let choose = ChooseConfig {
             frag_margin: 0.0,
             max_units: 10_000,
-            knee: None,
+            ..ChooseConfig::default()
         };
         Governor::new(cost, 400, GovernorConfig::from(&choose)).unwrap()
     }

@@ -2,23 +2,29 @@
 //! `--batch auto`.
 //!
 //! Per-unit time t(B) falls with the batch while parallelism is the bottleneck, then flattens once
-//! bandwidth or memory is: the plateau, where the elasticity |d ln t / d ln B| drops below
-//! [`PLATEAU_ELASTICITY`] (or turns positive: a larger batch that is slower per unit is past the
-//! plateau too). The knee is the first batch on the plateau; a larger batch buys no throughput
-//! there, only memory. A sweep is valid only for the graph, mode, tile, execution
-//! provider, thread count, ONNX Runtime build and machine (and Jetson power mode) it ran on, so the
-//! cache is keyed by all of them.
+//! bandwidth or memory is: the plateau, where the elasticity |d ln t / d ln B| (reported for every
+//! step) drops below 0.05, or turns positive (a larger batch that is slower per unit is past the
+//! plateau too). A larger batch buys no throughput there, only memory, so the batch is [`pick`]ed
+//! as the smallest one within [`PLATEAU_TOLERANCE`] of the best measured per-unit time, and a
+//! sweep may stop growing once [`plateau_confirmed`] says the sizes above the pick did not beat it
+//! over three doublings. A sweep is valid only for the graph, mode, tile, execution provider,
+//! thread count, ONNX Runtime build and machine (and Jetson power mode) it ran on, so the cache is
+//! keyed by all of them.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// Elasticity below which per-unit time counts as flat.
-pub const PLATEAU_ELASTICITY: f64 = 0.05;
-
-/// A knee must also be within this share of the fastest per-unit time measured, so noise that
-/// flattens two early points does not stop the batch short of the plateau.
+/// The pick is the smallest batch whose per-unit time is within this share of the fastest
+/// measured: a larger batch would buy less than this much throughput.
 pub const PLATEAU_TOLERANCE: f64 = 0.05;
+
+/// Sizes a plateau needs measured above the pick before a sweep may stop: with fewer, a flat start
+/// (per-unit time at 1, 2 and 4 alike, then falling again at 8 and beyond) would look like a knee.
+pub const CONFIRM_SIZES: usize = 3;
+
+/// How far above the pick (as a multiple of it) the confirming sizes must reach.
+pub const CONFIRM_SPAN: u64 = 8;
 
 /// Errors reading or writing the sweep cache.
 #[derive(Debug, thiserror::Error)]
@@ -114,10 +120,21 @@ pub struct SweepRecord {
     pub repeat: usize,
     /// The batch sizes measured, ascending.
     pub points: Vec<SweepPoint>,
-    /// The plateau knee, `None` when per-unit time was still falling at the largest batch.
+    /// The plateau knee, `None` unless the sweep confirmed one ([`plateau_confirmed`]) or
+    /// reached the memory wall (then the [`pick`] below it).
     pub knee: Option<u64>,
+    /// Intra-op threads the runs used (the configured count, or one per core for 0).
+    #[serde(default)]
+    pub threads_used: usize,
     /// Why the sweep stopped where it did.
     pub stopped: String,
+}
+
+/// The median of `v` (upper median for even lengths, as `hsiedge bench` takes it); 0 when empty.
+pub fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s.get(s.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// FNV-1a, 64 bits: a stable content hash without a dependency (not for security).
@@ -137,12 +154,6 @@ pub fn elasticity(a: &SweepPoint, b: &SweepPoint) -> f64 {
     (b.per_unit_s / a.per_unit_s).ln() / db
 }
 
-/// Whether the step with elasticity `e` is on the plateau: it gains less than
-/// [`PLATEAU_ELASTICITY`] (|e| below it, or per-unit time rising).
-pub fn on_plateau(e: f64) -> bool {
-    e > -PLATEAU_ELASTICITY
-}
-
 /// Fills every point's `elasticity` (to the next point).
 pub fn fill_elasticities(points: &mut [SweepPoint]) {
     for i in 0..points.len() {
@@ -150,14 +161,61 @@ pub fn fill_elasticities(points: &mut [SweepPoint]) {
     }
 }
 
-/// The first batch whose step to the next is on the plateau ([`on_plateau`]) and whose per-unit
-/// time is within [`PLATEAU_TOLERANCE`] of the fastest measured; `None` when no step is.
+/// The batch a sweep's timings call for, and the measurement behind it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Pick {
+    /// The smallest batch within [`PLATEAU_TOLERANCE`] of the best.
+    pub batch: u64,
+    /// Its median seconds per unit.
+    pub per_unit_s: f64,
+    /// The batch with the fastest median per-unit time.
+    pub best_batch: u64,
+    /// That time.
+    pub best_per_unit_s: f64,
+}
+
+/// The smallest batch, among the points at most `cap` (B_safe), whose median per-unit time is
+/// within [`PLATEAU_TOLERANCE`] of the fastest there; `None` when no point is at most `cap` or
+/// none has a positive time.
+///
+/// Medians of several runs each, so a burst of contention during a few runs moves nothing; sizes
+/// closer than the tolerance count as equal and the smaller is kept. Contention that lasts a whole
+/// size's runs is the sweep's to catch, by timing the candidates again one after the other
+/// ([`super::plateau`]).
+pub fn pick(points: &[SweepPoint], cap: u64) -> Option<Pick> {
+    let within = || {
+        points
+            .iter()
+            .filter(move |p| p.batch <= cap && p.batch > 0 && p.per_unit_s > 0.0 && p.per_unit_s.is_finite())
+    };
+    let best = within().min_by(|a, b| a.per_unit_s.total_cmp(&b.per_unit_s).then(a.batch.cmp(&b.batch)))?;
+    let limit = best.per_unit_s * (1.0 + PLATEAU_TOLERANCE);
+    let chosen = within()
+        .filter(|p| p.per_unit_s <= limit)
+        .min_by_key(|p| p.batch)
+        .unwrap_or(best);
+    Some(Pick {
+        batch: chosen.batch,
+        per_unit_s: chosen.per_unit_s,
+        best_batch: best.batch,
+        best_per_unit_s: best.per_unit_s,
+    })
+}
+
+/// Whether the sizes measured above `pick` confirm it: at least [`CONFIRM_SIZES`] of them,
+/// reaching [`CONFIRM_SPAN`] times it. Then per-unit time stayed within [`PLATEAU_TOLERANCE`] of
+/// the pick's over three doublings, and a sweep may stop growing.
+pub fn plateau_confirmed(points: &[SweepPoint], pick: &Pick) -> bool {
+    let above: Vec<u64> = points.iter().map(|p| p.batch).filter(|&b| b > pick.batch).collect();
+    above.len() >= CONFIRM_SIZES && above.iter().any(|&b| b >= pick.batch.saturating_mul(CONFIRM_SPAN))
+}
+
+/// The plateau knee: the [`pick`] over every point, when the points confirm it
+/// ([`plateau_confirmed`]); `None` while per-unit time may still fall past the largest size.
 pub fn knee(points: &[SweepPoint]) -> Option<u64> {
-    let best = points.iter().map(|p| p.per_unit_s).fold(f64::INFINITY, f64::min);
-    points
-        .windows(2)
-        .find(|w| on_plateau(elasticity(&w[0], &w[1])) && w[0].per_unit_s <= best * (1.0 + PLATEAU_TOLERANCE))
-        .map(|w| w[0].batch)
+    pick(points, u64::MAX)
+        .filter(|p| plateau_confirmed(points, p))
+        .map(|p| p.batch)
 }
 
 /// Where sweeps are cached: `HSIEDGE_CACHE_DIR`, else `$XDG_CACHE_HOME/hsiedge`, else
@@ -263,9 +321,24 @@ mod tests {
         v
     }
 
+    /// A point from per-unit times of its runs (the median is the upper median, as measured).
+    fn point(batch: u64, per_unit: &[f64]) -> SweepPoint {
+        let samples_s: Vec<f64> = per_unit.iter().map(|t| t * batch as f64).collect();
+        let mut sorted = samples_s.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median_s = sorted[sorted.len() / 2];
+        SweepPoint {
+            batch,
+            median_s,
+            per_unit_s: median_s / batch as f64,
+            samples_s,
+            elasticity: None,
+        }
+    }
+
     #[test]
     fn the_knee_is_the_first_flat_step_near_the_best() {
-        // Halving per doubling (elasticity 1), then flat from 16.
+        // Halving per unit with every doubling (elasticity -1), then flat from 16.
         let v = curve(&[
             (1, 1.0),
             (2, 0.5),
@@ -274,16 +347,33 @@ mod tests {
             (16, 0.1),
             (32, 0.099),
             (64, 0.1),
+            (128, 0.1),
         ]);
         assert!((v[0].elasticity.unwrap() + 1.0).abs() < 1e-9);
         assert_eq!(knee(&v), Some(16));
         assert_eq!(v.last().unwrap().elasticity, None);
+        // Two sizes above the pick do not confirm it: the sweep must go on.
+        assert_eq!(knee(&v[..7]), None);
     }
 
     #[test]
-    fn an_early_flat_step_far_from_the_best_is_not_the_knee() {
-        let v = curve(&[(1, 1.0), (2, 0.99), (4, 0.5), (8, 0.25), (16, 0.249)]);
-        assert_eq!(knee(&v), Some(8));
+    fn a_flat_start_is_not_a_knee_until_three_doublings_confirm_it() {
+        // Flat over 1, 2, 4: three points never make a knee (the bench used to cache 1 here).
+        let v = curve(&[(1, 1.0), (2, 0.99), (4, 1.0)]);
+        assert_eq!(pick(&v, u64::MAX).map(|p| p.batch), Some(1));
+        assert_eq!(knee(&v), None);
+        // ... and per-unit time falls again past them.
+        let v = curve(&[
+            (1, 1.0),
+            (2, 0.99),
+            (4, 1.0),
+            (8, 0.5),
+            (16, 0.25),
+            (32, 0.249),
+            (64, 0.25),
+            (128, 0.251),
+        ]);
+        assert_eq!(knee(&v), Some(16));
     }
 
     #[test]
@@ -298,6 +388,71 @@ mod tests {
         let v = curve(&[(1, 1.0), (2, 0.6), (4, 0.4), (8, 0.3)]);
         assert_eq!(knee(&v), None);
         assert_eq!(knee(&v[..1]), None);
+    }
+
+    #[test]
+    fn pick_on_a_flat_curve_is_the_smallest_batch() {
+        let v = curve(&[(1, 1.0), (2, 1.0), (4, 1.0), (8, 1.0), (16, 1.0)]);
+        let p = pick(&v, u64::MAX).unwrap();
+        assert_eq!((p.batch, p.best_batch), (1, 1));
+    }
+
+    #[test]
+    fn pick_on_a_falling_then_flat_curve_is_the_first_batch_within_five_per_cent() {
+        let v = curve(&[
+            (1, 1.0),
+            (2, 0.5),
+            (4, 0.26),
+            (8, 0.25),
+            (16, 0.25),
+            (32, 0.248),
+            (64, 0.25),
+        ]);
+        let p = pick(&v, u64::MAX).unwrap();
+        // 0.26 <= 1.05 * 0.248, 0.5 is not.
+        assert_eq!((p.batch, p.best_batch), (4, 32));
+        assert!((p.best_per_unit_s - 0.248).abs() < 1e-12 && (p.per_unit_s - 0.26).abs() < 1e-12);
+        // Just over the tolerance: the next size.
+        let v = curve(&[(1, 1.0), (2, 0.5), (4, 0.2605), (8, 0.25), (16, 0.248)]);
+        assert_eq!(pick(&v, u64::MAX).unwrap().batch, 8);
+    }
+
+    #[test]
+    fn pick_on_a_noisy_curve_goes_by_medians() {
+        // The plateau starts at 16 (0.25 s/unit). Bursts of contention hit two of 16's five runs
+        // and one of 64's, and two lucky runs of the huge batch were 10 % fast: medians ignore
+        // both, so 16 is within 5 % of the best and is kept.
+        let v = [
+            point(1, &[1.0, 1.1, 1.0, 1.3, 1.0]),
+            point(4, &[0.4, 0.45, 0.41, 0.6, 0.4]),
+            point(16, &[0.25, 0.33, 0.251, 0.25, 0.32]),
+            point(64, &[0.25, 0.26, 0.25, 0.249, 0.4]),
+            point(4096, &[0.225, 0.245, 0.248, 0.25, 0.225]),
+        ];
+        let p = pick(&v, u64::MAX).unwrap();
+        assert_eq!(p.batch, 16, "{p:?}");
+        // A size whose runs are mostly slow (0.3, well over 5 %) is passed over for the next.
+        let v = [
+            point(8, &[0.24, 0.31, 0.3]),
+            point(16, &[0.25, 0.26, 0.25]),
+            point(32, &[0.25, 0.25, 0.25]),
+        ];
+        assert_eq!(pick(&v, u64::MAX).unwrap().batch, 16);
+    }
+
+    #[test]
+    fn pick_on_a_curve_falling_to_the_wall_is_capped_by_b_safe() {
+        let v = curve(&[(1, 1.0), (2, 0.6), (4, 0.4), (8, 0.3), (16, 0.2), (32, 0.1), (64, 0.05)]);
+        // B_safe 40: 64 is never chosen nor the best, however fast.
+        let p = pick(&v, 40).unwrap();
+        assert_eq!((p.batch, p.best_batch), (32, 32));
+        assert_eq!(pick(&v, u64::MAX).unwrap().batch, 64);
+        assert_eq!(pick(&v, 0), None);
+        assert_eq!(pick(&[], 10), None);
+        // A size that did not run (time 0 or not finite) is never the best.
+        let mut w = curve(&[(1, 1.0), (2, 0.5)]);
+        w[1].per_unit_s = 0.0;
+        assert_eq!(pick(&w, u64::MAX).unwrap().batch, 1);
     }
 
     fn key() -> SweepKey {
@@ -325,6 +480,7 @@ mod tests {
             created_unix_s: 1,
             repeat: 3,
             knee: knee(&points),
+            threads_used: 2,
             points,
             stopped: "plateau".into(),
         };

@@ -10,11 +10,13 @@
 //!    root directory (`/` in production) so tests run on recorded trees.
 //! 2. [`cost`]: what a batch costs, `M(B) = M_fixed + a*B`, first from the graph
 //!    ([`crate::graph`]) and then calibrated from two or three small measured runs.
-//! 3. [`choose`]: `B_safe = floor((budget*(1 - r_frag) - M_fixed) / a)`, capped by a maximum
-//!    and a benchmark knee; and the wall search (grow x1.5, bisect) for discrete GPUs only.
+//! 3. [`choose`]: `B_safe = floor((budget*(1 - r_frag) - M_fixed) / a)`, capped by `--max-batch`,
+//!    the scene and a plateau knee; and the wall search (grow x1.5, bisect) for discrete GPUs only.
+//!    [`knee`] picks the knee from timings (the smallest batch within 5 % of the best), [`plateau`]
+//!    drives the in-run sweep that times them.
 //! 4. [`governor`]: re-reads the budget every few batches (or when PSI rises) and shrinks or
 //!    slowly regrows the batch.
-//! 5. [`plan`]: the serialisable [`Plan`] / [`TrainingPlan`] report.
+//! 5. [`plan`]: the serialisable [`Plan`] report; [`training`]: the [`TrainingPlan`].
 //!
 //! # Pipeline use
 //!
@@ -63,7 +65,9 @@ pub mod cost;
 pub mod governor;
 pub mod knee;
 pub mod plan;
+pub mod plateau;
 pub mod system;
+pub mod training;
 pub mod wall;
 
 pub use choose::{Choice, ChooseConfig, Limit, WallSearch, find_wall, safe_units};
@@ -72,12 +76,13 @@ pub use cost::{
     calibration_batches, fit_linear, read_process_hwm, read_process_rss, reset_cgroup_peak, reset_process_hwm,
 };
 pub use governor::{Adjustment, Cause, Governor, GovernorConfig};
-pub use plan::{ClassCoverageWarning, Optimizer, Plan, SourceReport, TrainingPlan, class_coverage};
+pub use plan::{Plan, SourceReport};
 pub use system::{
     BudgetConfig, BudgetSource, CgroupMemory, CgroupVersion, DEFAULT_RESERVE_BYTES, DeviceMemory, GpuKind, JetsonInfo,
     MemInfo, Psi, SourceKind, SystemBudget, detect_jetson, find_cgroup, read_meminfo, read_psi, read_system_budget,
     tegra_allocatable,
 };
+pub use training::{ClassCoverageWarning, Optimizer, TrainingPlan, class_coverage};
 
 /// Errors of the budget module; each variant names the file, field or step that failed.
 #[derive(Debug, thiserror::Error)]

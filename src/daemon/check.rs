@@ -102,7 +102,7 @@ pub fn checks(root: &Path, config_path: &Path) -> Vec<Check> {
         ("daemon outbox", c.outbox.clone(), false),
         ("daemon state", c.state.clone(), false),
     ];
-    if let Some((spool, _)) = &c.spool {
+    if let Some(spool) = &c.spool {
         folders.push(("daemon spool", spool.clone(), false));
     }
     if let Some(parent) = c.control.parent() {

@@ -5,9 +5,8 @@
 //! full, `submit` blocks, so the intake stops reading (a socket's sender is slowed by TCP
 //! backpressure, a spool leaves its files where they are).
 //!
-//! The spool intake ([`super::spool`]) implements [`IntakeScene`] over a `FileSource` and its
-//! claim: a written scene's claim is marked done with the scene's record, a failed one failed
-//! with its error.
+//! A spool intake implements [`IntakeScene`] over a `FileSource` and its claim: `release(true)`
+//! marks the claim done, `release(false)` failed.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -32,9 +31,15 @@ pub trait IntakeScene: Send {
         Ok(())
     }
 
-    /// The scene is over: written (`Ok`, with the record the daemon logged) or failed or refused
-    /// (`Err`, with the error chain); the intake releases what it holds for it.
-    fn release(self: Box<Self>, outcome: Result<&serde_json::Value, &str>);
+    /// The scene is over, written (`ok`) or failed and moved aside; the intake releases what it
+    /// holds for it.
+    fn release(self: Box<Self>, ok: bool);
+
+    /// The scene was refused before its run for `reason`; nothing was written for it.
+    fn refused(self: Box<Self>, reason: &str) {
+        let _ = reason;
+        self.release(false);
+    }
 }
 
 /// A scene queued for a model's workers.
@@ -244,9 +249,9 @@ impl IntakeScene for StreamScene {
         }
     }
 
-    fn release(self: Box<Self>, outcome: Result<&serde_json::Value, &str>) {
+    fn release(self: Box<Self>, ok: bool) {
         let Self { source, reply } = *self;
-        let next = (outcome.is_ok() && source.ended()).then(|| source.into_inner());
+        let next = (ok && source.ended()).then(|| source.into_inner());
         // The connection's thread may be gone (a drain cut it off): nothing is left to hand back.
         let _ = reply.send(next);
     }

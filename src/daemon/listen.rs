@@ -247,10 +247,8 @@ fn serve_connection(conn: Conn, peer: &str, shared: &Shared) {
             break refuse(shared, peer, &format!("setting the line timeout: {e}"));
         }
         let (reply, back) = crossbeam_channel::bounded(1);
-        if let Err((refusal, scene)) = routes.submit(Box::new(StreamScene::new(source, reply))) {
-            let error = error_chain(&refusal);
-            scene.release(Err(&error));
-            break refuse(shared, peer, &error);
+        if let Err((refusal, _scene)) = routes.submit(Box::new(StreamScene::new(source, reply))) {
+            break refuse(shared, peer, &error_chain(&refusal));
         }
         drop(routes);
         scenes += 1;

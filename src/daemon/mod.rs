@@ -25,7 +25,7 @@ pub mod log;
 pub mod notify;
 pub mod outbox;
 mod service;
-pub mod spool;
+mod spool;
 pub mod status;
 pub mod worker;
 
@@ -63,9 +63,6 @@ pub enum DaemonError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// The spool folder could not be opened.
-    #[error("opening the spool")]
-    Spool(#[from] crate::source::spool::SpoolError),
     /// A file or folder of the daemon's.
     #[error("{path}")]
     Io {

@@ -21,6 +21,7 @@ use super::intake::Routes;
 use super::listen::{self, Listener};
 use super::notify::{self, Notifier};
 use super::outbox;
+use super::spool::SpoolIntake;
 use super::status::Status;
 use super::worker::{ModelPool, WorkerContext};
 use super::{DaemonError, Shared, log};
@@ -127,15 +128,8 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         state: config.state.clone(),
         status: status.clone(),
     });
-    let spool = match &config.spool {
-        Some((root, options)) => Some(crate::source::spool::Spool::open(root, options.clone())?),
-        None => None,
-    };
     let pools = start_pools(&config, &ctx)?;
-    let mut listening: Vec<String> = listeners.iter().map(Listener::describe).collect();
-    if let Some(s) = &spool {
-        listening.push(format!("spool {}", s.root().display()));
-    }
+    let listening: Vec<String> = listeners.iter().map(Listener::describe).collect();
     let shared = Arc::new(Shared::new(
         routes_of(&config, &pools),
         status,
@@ -151,6 +145,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         ctx,
     }));
 
+    let spool = match &lock(&daemon).config.spool {
+        Some(root) => Some(SpoolIntake::start(root, shared.clone())?),
+        None => None,
+    };
     let permits = Arc::new(Semaphore::new(lock(&daemon).config.intake.max_connections));
     let mut tasks = Vec::new();
     for l in listeners {
@@ -161,28 +159,6 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         );
         tasks.push(tokio::spawn(listen::accept_loop(l, shared.clone(), permits.clone())));
     }
-    let spool_thread = match spool {
-        Some(s) => {
-            log::event(
-                "listening",
-                &format!("watching spool {}", s.root().display()),
-                serde_json::json!({"listener": format!("spool {}", s.root().display())}),
-            );
-            let (stop, shared) = (s.stop_handle(), shared.clone());
-            let handle = std::thread::Builder::new()
-                .name("hsiedge-spool".into())
-                .spawn({
-                    let stop = stop.clone();
-                    move || super::spool::run(s, shared, stop)
-                })
-                .map_err(|source| DaemonError::Thread {
-                    what: "the spool intake".into(),
-                    source,
-                })?;
-            Some((stop, handle))
-        }
-        None => None,
-    };
     let (commands_tx, mut commands) = mpsc::channel(8);
     let control_path = lock(&daemon).config.control.clone();
     log::event(
@@ -242,6 +218,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     );
     shared.draining.store(true, std::sync::atomic::Ordering::Release);
     warn(notifier.stopping(&shared.status.summary("draining")));
+    if let Some(s) = spool {
+        // Returns once a scene it is handing over has a place in its model's queue.
+        let _ = tokio::task::spawn_blocking(move || s.stop()).await;
+    }
     for t in &tasks {
         t.abort();
     }
@@ -252,13 +232,9 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         let _ = std::fs::remove_file(p);
     }
     shared.conns.drain();
-    if let Some((stop, _)) = &spool_thread {
-        stop.stop();
-    }
-    let spool_busy = || spool_thread.as_ref().is_some_and(|(_, h)| !h.is_finished());
     let start = Instant::now();
     let mut cut = false;
-    while !shared.conns.is_empty() || spool_busy() {
+    while !shared.conns.is_empty() {
         if !cut && start.elapsed() > drain_timeout {
             let n = shared.conns.cut_all();
             log::event(
@@ -404,10 +380,10 @@ fn reload_blocking(daemon: &Mutex<Daemon>, shared: &Shared) -> serde_json::Value
     let merged = Config {
         tcp: old.tcp,
         unix: old.unix.clone(),
-        spool: old.spool.clone(),
         outbox: old.outbox.clone(),
         state: old.state.clone(),
         control: old.control.clone(),
+        spool: old.spool.clone(),
         intake: super::config::Intake {
             max_connections: old.intake.max_connections,
             ..new.intake

@@ -1,29 +1,24 @@
-//! The spool intake: complete ENVI cubes dropped into a spool folder (`source::spool`, docs/spool.md)
-//! are claimed one at a time on an OS thread and handed to [`Routes::submit`](super::intake::Routes::submit)
-//! like a streamed scene. The thread waits for each scene to end before claiming the next, so
-//! at most one spool scene is in flight and a busy model leaves the rest in `incoming/`. A written
-//! scene's claim moves to `done/` with the scene's record, a failed or refused one to `failed/`
-//! with its error; a claim the daemon died holding is handed out again by the spool (recovered).
+//! Spool intake: complete cubes taken from a spool folder (`source::spool`), each claimed, run
+//! like a streamed scene, and moved to `done/` or `failed/` once its run is over.
 
+use std::path::Path;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crossbeam_channel::Sender;
-
-use super::intake::IntakeScene;
-use super::{Shared, log};
+use super::intake::{IntakeScene, Refusal};
+use super::{DaemonError, Shared, log};
 use crate::engine::error_chain;
-use crate::source::spool::{Claimed, Notice, Spool, StopHandle, Wait};
+use crate::source::spool::{Claimed, Notice, Spool, SpoolOptions, StopHandle, Wait};
 use crate::source::{FileSource, LineSource};
 
-/// How long one wait for a scene lasts before the drain flag is looked at again.
-const WAIT: Duration = Duration::from_secs(1);
+/// How long one wait for the spool lasts before the drain flag is looked at again.
+const WAIT: Duration = Duration::from_millis(500);
 
-/// A claimed cube as a scene.
+/// A claimed cube on its way through a model's worker.
 struct SpoolScene {
-    source: FileSource,
     claimed: Claimed,
-    reply: Sender<()>,
+    source: FileSource,
 }
 
 impl IntakeScene for SpoolScene {
@@ -31,102 +26,145 @@ impl IntakeScene for SpoolScene {
         &mut self.source
     }
 
-    fn release(self: Box<Self>, outcome: Result<&serde_json::Value, &str>) {
-        let Self { claimed, reply, .. } = *self;
+    fn refused(self: Box<Self>, reason: &str) {
+        let id = self.claimed.id().to_string();
+        if let Err(e) = self.claimed.failed(reason) {
+            log::event(
+                "warning",
+                &format!("scene `{id}`: {}", error_chain(&e)),
+                serde_json::json!({"scene": id}),
+            );
+        }
+    }
+
+    fn release(self: Box<Self>, ok: bool) {
+        let Self { claimed, source } = *self;
         let id = claimed.id().to_string();
-        let moved = match outcome {
-            Ok(record) => claimed.done(record),
-            Err(error) => claimed.failed(error),
+        let moved = if ok {
+            claimed.done(&serde_json::json!({"lines": source.stats().lines}))
+        } else {
+            claimed.failed("the run failed: the daemon's log and OUTBOX/.failed hold the error")
         };
         match moved {
             Ok(to) => log::event(
-                "spool_released",
-                &format!("spool scene `{id}` moved to {}", to.display()),
-                serde_json::json!({"scene_id": id, "to": to}),
+                "spool",
+                &format!("scene `{id}` moved to {}", to.display()),
+                serde_json::json!({"scene": id, "ok": ok, "to": to}),
             ),
             Err(e) => log::event(
-                "spool_failed",
-                &format!(
-                    "spool scene `{id}`: {}; it stays claimed and is handed out again",
-                    error_chain(&e)
-                ),
-                serde_json::json!({"scene_id": id}),
+                "warning",
+                &format!("scene `{id}`: {}", error_chain(&e)),
+                serde_json::json!({"scene": id}),
             ),
         }
-        let _ = reply.send(());
     }
 }
 
-/// Claims and submits scenes from `spool` until `stop` is used (a drain).
-pub fn run(mut spool: Spool, shared: Arc<Shared>, stop: StopHandle) {
-    let root = spool.root().to_path_buf();
-    loop {
-        for n in spool.take_notices() {
-            let msg = match n {
-                Notice::Rejected { name, to, reason } => {
-                    format!("spool: `{name}` refused and moved to {}: {reason}", to.display())
-                }
-                Notice::Skipped(e) => format!("spool: {}", error_chain(&e)),
-            };
-            shared.status.count(|t| t.refused += 1);
-            log::event("spool_notice", &msg, serde_json::json!({"spool": root}));
-        }
-        if stop.is_stopped() {
-            return;
-        }
+/// The running spool intake: a thread that claims scenes and submits them.
+pub struct SpoolIntake {
+    stop: StopHandle,
+    thread: JoinHandle<()>,
+}
+
+impl SpoolIntake {
+    /// Opens the spool at `root` and starts taking scenes in, until [`SpoolIntake::stop`] or a
+    /// drain.
+    pub fn start(root: &Path, shared: Arc<Shared>) -> Result<Self, DaemonError> {
+        let mut spool = Spool::open(root, SpoolOptions::default()).map_err(|e| DaemonError::Runtime {
+            what: "opening the spool folder",
+            source: std::io::Error::other(error_chain(&e)),
+        })?;
+        let stop = spool.stop_handle();
+        let thread = std::thread::Builder::new()
+            .name("hsiedge-spool".into())
+            .spawn(move || take_in(&mut spool, &shared))
+            .map_err(|source| DaemonError::Runtime {
+                what: "starting the spool thread",
+                source,
+            })?;
+        log::event(
+            "listening",
+            &format!("taking scenes from the spool {}", root.display()),
+            serde_json::json!({"spool": root}),
+        );
+        Ok(Self { stop, thread })
+    }
+
+    /// Stops taking scenes in; scenes already submitted run on. Waits for the thread.
+    pub fn stop(self) {
+        self.stop.stop();
+        let _ = self.thread.join();
+    }
+}
+
+fn take_in(spool: &mut Spool, shared: &Shared) {
+    while !shared.draining() {
         match spool.wait_ready(WAIT) {
-            Ok(Wait::Ready) => {}
-            Ok(Wait::TimedOut) => continue,
-            Ok(Wait::Stopped) => return,
-            Err(e) => {
-                log::event(
-                    "spool_failed",
-                    &format!("spool: {}", error_chain(&e)),
-                    serde_json::Value::Null,
-                );
-                std::thread::sleep(WAIT);
-                continue;
+            Ok(Wait::Stopped) => break,
+            Ok(Wait::TimedOut) => {}
+            Ok(Wait::Ready) => loop {
+                if shared.draining() {
+                    break;
+                }
+                match spool.claim_next() {
+                    Ok(Some(claimed)) => submit(claimed, shared),
+                    Ok(None) => break,
+                    Err(e) => {
+                        log::event("warning", &error_chain(&e), serde_json::Value::Null);
+                        break;
+                    }
+                }
+            },
+            Err(e) => log::event("warning", &error_chain(&e), serde_json::Value::Null),
+        }
+        for n in spool.take_notices() {
+            match n {
+                Notice::Rejected { name, to, reason } => log::event(
+                    "refused",
+                    &format!("spool: `{name}` moved to {}: {reason}", to.display()),
+                    serde_json::json!({"scene": name, "to": to, "reason": reason}),
+                ),
+                Notice::Skipped(e) => log::event("warning", &error_chain(&e), serde_json::Value::Null),
             }
         }
-        let claimed = match spool.claim_next() {
-            Ok(Some(c)) => c,
-            Ok(None) => continue,
-            Err(e) => {
-                log::event(
-                    "spool_failed",
-                    &format!("spool: {}", error_chain(&e)),
-                    serde_json::Value::Null,
-                );
-                continue;
-            }
-        };
-        let source = match claimed.open_source() {
-            Ok(s) => s,
-            Err(e) => {
-                let error = error_chain(&e);
-                log::event(
-                    "refused",
-                    &format!("spool scene `{}`: refused: {error}", claimed.id()),
-                    serde_json::json!({"scene_id": claimed.id(), "error": error}),
-                );
-                shared.status.count(|t| t.refused += 1);
-                let _ = claimed.failed(&error);
-                continue;
-            }
-        };
-        let (reply, done) = crossbeam_channel::bounded(1);
-        let scene = Box::new(SpoolScene { source, claimed, reply });
-        if let Err((refusal, scene)) = shared.routes().submit(scene) {
-            let error = error_chain(&refusal);
+    }
+}
+
+/// Routes a claimed cube to its model's queue (waiting while it is full), or fails it with the
+/// reason it cannot run.
+fn submit(claimed: Claimed, shared: &Shared) {
+    let source = match claimed.open_source() {
+        Ok(s) => s,
+        Err(e) => {
+            let reason = error_chain(&e);
             log::event(
                 "refused",
-                &format!("spool: refused: {error}"),
-                serde_json::json!({"error": error}),
+                &format!("spool: scene `{}`: {reason}", claimed.id()),
+                serde_json::json!({"scene": claimed.id()}),
             );
-            shared.status.count(|t| t.refused += 1);
-            scene.release(Err(&error));
+            if let Err(e) = claimed.failed(&reason) {
+                log::event("warning", &error_chain(&e), serde_json::Value::Null);
+            }
+            return;
         }
-        // One spool scene in flight at a time; a drain waits for it.
-        let _ = done.recv();
+    };
+    let scene = Box::new(SpoolScene { claimed, source });
+    match shared.routes().submit(scene) {
+        Ok(()) => {}
+        // The workers are gone (a drain, or a model that stopped): the claim stays in work/ and the
+        // next start takes the scene up again.
+        Err((refusal @ Refusal::Stopped { .. }, scene)) => {
+            log::event(
+                "warning",
+                &format!("{refusal}; left in the spool"),
+                serde_json::Value::Null,
+            );
+            drop(scene);
+        }
+        Err((refusal, scene)) => {
+            let reason = error_chain(&refusal);
+            log::event("refused", &reason, serde_json::Value::Null);
+            scene.refused(&reason);
+        }
     }
 }

@@ -213,8 +213,8 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
     let folder = match outbox::claim(&ctx.outbox, &info.id) {
         Ok(f) => f,
         Err(e) => {
-            let error = fail_before_start(ctx, &info, model, &origin, &e);
-            scene.release(Err(&error));
+            fail_before_start(ctx, &info, model, &origin, &e);
+            scene.release(false);
             return Ok(());
         }
     };
@@ -222,8 +222,8 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
         Ok(m) => m,
         Err(e) => {
             let _ = std::fs::remove_dir(&folder);
-            let error = fail_before_start(ctx, &info, model, &origin, &e);
-            scene.release(Err(&error));
+            fail_before_start(ctx, &info, model, &origin, &e);
+            scene.release(false);
             return Ok(());
         }
     };
@@ -253,9 +253,9 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 lines: &entry.lines,
             };
             let outcome = session
-                .run_stream(&mut counted, &folder, segments, &mut |done| {
-                    entry.pixels.store(done.pixels_done as u64, Ordering::Relaxed);
-                    entry.batch.store(done.batch as u64, Ordering::Relaxed);
+                .run_stream(&mut counted, &folder, segments, &mut |px| {
+                    entry.pixels.store(px.pixels_done as u64, Ordering::Relaxed);
+                    entry.batch.store(px.batch as u64, Ordering::Relaxed);
                 })
                 .map_err(|e| error_chain(&e))?;
             scene.complete().map_err(|e| error_chain(&e))?;
@@ -270,7 +270,7 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
         "rss_anon_end": rss_end,
         "scenes_in_flight_at_end": ctx.status.in_flight().len(),
     });
-    let (outcome, panicked): (Result<serde_json::Value, String>, bool) = match result {
+    let (ok, panicked) = match result {
         Ok(Ok(outcome)) => {
             let lines = outcome.run.lines as u64;
             ctx.status.count(|t| {
@@ -278,7 +278,14 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 t.lines += lines;
             });
             let elapsed = outcome.run.elapsed_s;
-            let record = serde_json::json!({
+            log::event(
+                "scene_done",
+                &format!(
+                    "scene `{}` from {origin}: {lines} lines in {elapsed:.3} s into {}",
+                    info.id,
+                    folder.display()
+                ),
+                serde_json::json!({
                     "scene_id": info.id,
                     "folder": folder,
                     "model": model,
@@ -295,21 +302,13 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                     "duplicates": outcome.source.duplicates,
                     "segments": outcome.segments.len(),
                     "memory": memory,
-            });
-            log::event(
-                "scene_done",
-                &format!(
-                    "scene `{}` from {origin}: {lines} lines in {elapsed:.3} s into {}",
-                    info.id,
-                    folder.display()
-                ),
-                record.clone(),
+                }),
             );
-            (Ok(record), false)
+            (true, false)
         }
         Ok(Err(error)) => {
             fail_after_start(ctx, &info, model, &origin, &folder, &error, &memory);
-            (Err(error), false)
+            (false, false)
         }
         Err(panic) => {
             let what = panic
@@ -317,28 +316,32 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "a panic".into());
-            let error = format!("panicked: {what}");
-            fail_after_start(ctx, &info, model, &origin, &folder, &error, &memory);
-            (Err(error), true)
+            fail_after_start(
+                ctx,
+                &info,
+                model,
+                &origin,
+                &folder,
+                &format!("panicked: {what}"),
+                &memory,
+            );
+            (false, true)
         }
     };
     if let Err(e) = marker.finish() {
         log::event("warning", &error_chain(&e), serde_json::Value::Null);
     }
-    scene.release(outcome.as_ref().map_err(String::as_str));
+    scene.release(ok);
     if panicked { Err(()) } else { Ok(()) }
 }
 
-/// Logs a scene that failed before anything was written; its error chain.
-fn fail_before_start(ctx: &WorkerContext, info: &SceneInfo, model: &str, origin: &str, e: &DaemonError) -> String {
+fn fail_before_start(ctx: &WorkerContext, info: &SceneInfo, model: &str, origin: &str, e: &DaemonError) {
     ctx.status.count(|t| t.scenes_failed += 1);
-    let error = error_chain(e);
     log::event(
         "scene_failed",
-        &format!("scene `{}` from {origin}: {error}", info.id),
-        serde_json::json!({"scene_id": info.id, "model": model, "origin": origin, "error": error}),
+        &format!("scene `{}` from {origin}: {}", info.id, error_chain(e)),
+        serde_json::json!({"scene_id": info.id, "model": model, "origin": origin, "error": error_chain(e)}),
     );
-    error
 }
 
 fn fail_after_start(

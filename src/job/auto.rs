@@ -2,6 +2,8 @@
 //! re-plans between batches.
 
 use super::*;
+use crate::budget::knee::SweepPoint;
+use crate::budget::plateau::SweepOutcome;
 
 /// How much more than the graph's activation peak a run really holds per unit (im2col and
 /// convolution workspaces): measured 2.2-4.3x on the shipped models by `hsiedge plan`, rounded up.
@@ -33,10 +35,47 @@ impl SceneGeometry {
     }
 }
 
+/// How `--batch auto` chose: the calibrated cost, the timings behind the knee, the plan.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct AutoBatch {
+    /// The plan (budget sources, which binds, cost breakdown, `batch_safe` and what bound it,
+    /// predicted peak).
+    pub plan: Plan,
+    /// The measured runs the cost was fitted to.
+    pub calibration: Option<Calibration>,
+    /// Seconds the calibration runs took (they also time their batch sizes for the sweep).
+    pub calibration_s: f64,
+    /// The in-run batch sweep (the timings behind the knee), when it ran: not with a cached
+    /// sweep's knee, nor with `--no-knee`, nor without a scene.
+    pub sweep: Option<SweepOutcome>,
+    /// Bytes per unit the pipeline adds besides one run (queued input batches), at `batch_safe`.
+    pub pipeline_bytes_per_unit: u64,
+    /// Bytes per unit of one run (its input, the engine's activations and workspaces, its output).
+    pub run_bytes_per_unit: u64,
+    /// Fixed bytes the pipeline adds (maps, tile window).
+    pub pipeline_fixed_bytes: u64,
+    /// The cached sweep whose knee capped the batch, when one applied.
+    pub knee_file: Option<PathBuf>,
+}
+
+/// The in-run sweep times a batch size only if the scene holds at least this many batches of it
+/// (one untimed, then the fewest timed runs any size gets): a larger batch could not be timed as
+/// well, and leaves the tiling thread little to overlap with the engine.
+pub const SWEEP_SCENE_BATCHES: u64 = budget::plateau::MIN_TIMED_BATCHES as u64 + 1;
+
+/// The in-run sweep may spend this share of the run's predicted time timing sizes of its own...
+pub const SWEEP_BUDGET_SHARE: f64 = 0.05;
+
+/// ... or this many seconds, whichever is more.
+pub const SWEEP_BUDGET_MIN_S: f64 = 0.3;
+
 /// Plans `--batch auto`: sizes the graph, reads the system budget, measures two or three small
 /// batches to fit `M(B) = M_fixed + a*B`, adds what the pipeline itself holds, and applies
-/// `B_safe = floor((budget*(1 - r_frag) - M_fixed) / a)`. Fails before inference when not even one
-/// unit fits.
+/// `B_safe = floor((budget*(1 - r_frag) - M_fixed) / a)`, capped by `--max-batch` and the scene.
+/// Then the batch is the plateau knee below that ceiling: a cached sweep's (`knee`), else the
+/// in-run sweep's (the smallest batch within 5 % of the best measured throughput; the
+/// calibration runs are timed too), unless `settings.sweep` is off. Fails before inference when
+/// not even one unit fits.
 pub fn auto_batch(
     cube: &SceneGeometry,
     scene: Option<&Cube>,
@@ -111,10 +150,12 @@ pub fn auto_batch(
     .collect();
     // Calibration runs the real pipeline (producer, queue, engine) for a few batches at each small
     // size on the scene itself, so in-flight batches, the tile window and allocator behaviour are
-    // all in the measured peak.
+    // all in the measured peak. Its batches are timed too: they are the in-run sweep's first points.
     // Each probe runs long enough (at least `queue + 3` batches and 2048 samples or 8 tiles) for
     // the runtime's per-thread allocator heaps to reach their steady size.
     let probe_units: u64 = if unit == Unit::Sample { 2048 } else { 8 };
+    let mut timed: Vec<SweepPoint> = Vec::new();
+    let calibration_started = std::time::Instant::now();
     let calibration = match (scene, sizes.len() >= 2) {
         (Some(cube), true) => {
             let cal = budget::calibrate(unit, &sizes, |b| -> Result<u64, JobError> {
@@ -127,7 +168,11 @@ pub fn auto_batch(
                     let batches = (run.queue + 3).max(usize::try_from(probe_units.div_ceil(b)).unwrap_or(1));
                     pipeline::probe(cube, manifest, graph, &opts, batches)
                 });
-                result?;
+                // A batch larger than the scene runs at the scene's size: timed as what it is.
+                let ran = b.min(scene_units);
+                if let Some(p) = budget::plateau::point_from_runs(ran, &result?) {
+                    budget::plateau::put(&mut timed, p);
+                }
                 // The buffers in flight besides the running one (all faulted in at the start) are
                 // taken out, so the fit is the run's own cost and the plan can add the count the
                 // chosen batch will have.
@@ -139,6 +184,7 @@ pub fn auto_batch(
         }
         _ => None,
     };
+    let calibration_s = calibration_started.elapsed().as_secs_f64();
     // Without calibration, the prior's per-unit cost is scaled by the largest workspace factor
     // measured on the shipped models, so the plan errs towards smaller batches.
     let (measured, measured_fixed_pipeline) = match &calibration {
@@ -164,16 +210,11 @@ pub fn auto_batch(
     let window = (bands * grid.window_h() * grid.window_w() * 4) as u64;
     // In-place calibration measured the tile window already (maps come later, at run).
     let pipeline_fixed_bytes = maps + if measured_fixed_pipeline { 0 } else { window };
-    let choose = ChooseConfig {
-        frag_margin: settings.frag_margin,
-        max_units: settings.max_units.min(scene_units.max(1)),
-        knee: knee.as_ref().map(|(k, _)| *k),
-    };
     // Besides the batch being run, `queue + 1` more batch buffers are held (queued, and one being
     // built; the pipeline faults them all in at the start), but no more than the scene has batches:
     // M(B) = F + B*run + in*B*(min(q+2, ceil(U/B)) - 1). It rises with B (a run holds at least its
     // own input), so the largest B that fits is found by bisection; the plan reports the straight
-    // line through M(B_safe).
+    // line through M(batch_safe).
     let fixed = measured.fixed_bytes + pipeline_fixed_bytes;
     let run_bytes = measured.per_unit_bytes;
     let peak_at = |b: u64| {
@@ -183,10 +224,9 @@ pub fn auto_batch(
                 .saturating_mul(extra_buffers(run.queue, scene_units, b)),
         )
     };
-    let usable = system
-        .budget_bytes
-        .saturating_sub(((system.budget_bytes as f64) * settings.frag_margin).ceil() as u64);
-    let (mut lo, mut hi) = (0u64, choose.max_units.min(choose.knee.unwrap_or(u64::MAX)));
+    let frag_margin_bytes = ((system.budget_bytes as f64) * settings.frag_margin).ceil() as u64;
+    let usable = system.budget_bytes.saturating_sub(frag_margin_bytes);
+    let (mut lo, mut hi) = (0u64, 1u64 << 48);
     while lo < hi {
         let mid = (lo + hi).div_ceil(2);
         if peak_at(mid) <= usable {
@@ -195,8 +235,59 @@ pub fn auto_batch(
             hi = mid - 1;
         }
     }
-    let per_unit_bytes = if lo > 0 {
-        (peak_at(lo) - fixed).div_ceil(lo)
+    let memory_units = lo;
+    let mut choose = ChooseConfig {
+        frag_margin: settings.frag_margin,
+        max_units: settings.max_units,
+        scene_units: Some(scene_units.max(1)),
+        knee: knee.as_ref().map(|(k, _)| *k),
+    };
+    let ceiling = budget::choose::cap(memory_units, unit, &choose).ceiling;
+    // The in-run sweep: only below a ceiling that fits, with a scene to run, and no cached knee.
+    let sweep = match scene {
+        Some(cube) if ceiling > 0 && choose.knee.is_none() && settings.sweep => {
+            let max_batch = ceiling.min((scene_units / SWEEP_SCENE_BATCHES).max(1));
+            let best = timed.iter().map(|p| p.per_unit_s).fold(f64::INFINITY, f64::min);
+            let predicted_run_s = if best.is_finite() {
+                best * scene_units as f64
+            } else {
+                0.0
+            };
+            let limits = budget::plateau::SweepLimits {
+                max_batch,
+                budget_s: (predicted_run_s * SWEEP_BUDGET_SHARE).max(SWEEP_BUDGET_MIN_S),
+            };
+            let out = budget::plateau::sweep(timed, limits, |b, n| -> Result<_, JobError> {
+                let opts = RunOptions {
+                    batch: usize::try_from(b).unwrap_or(1),
+                    ..run.clone()
+                };
+                let t = std::time::Instant::now();
+                let runs = pipeline::probe(cube, manifest, graph, &opts, n)?;
+                Ok((budget::plateau::point_from_runs(b, &runs), t.elapsed().as_secs_f64()))
+            })?;
+            choose.knee = out.pick.map(|p| p.batch);
+            Some(out)
+        }
+        _ => None,
+    };
+    let capped = budget::choose::cap(memory_units, unit, &choose);
+    let mut limited_by = capped.limited_by;
+    if let Some(s) = &sweep
+        && limited_by == budget::Limit::Knee
+        && !s.confirmed
+        && s.pick.is_some_and(|p| p.batch == s.limits.max_batch)
+        && s.limits.max_batch < capped.ceiling
+    {
+        // The sweep was still gaining at the largest size the scene lets it time: the scene bound it.
+        limited_by = match unit {
+            Unit::Sample => budget::Limit::Scene,
+            Unit::Tile => budget::Limit::Tiles,
+        };
+    }
+    let batch = capped.units;
+    let per_unit_bytes = if batch > 0 {
+        (peak_at(batch) - fixed).div_ceil(batch)
     } else {
         run_bytes + (run.queue as u64 + 1) * in_bytes
     };
@@ -205,7 +296,19 @@ pub fn auto_batch(
         per_unit_bytes,
         ..measured.clone()
     };
-    let mut plan = Plan::build(&system, &cost, Some(&gcost), &choose)?;
+    let choice = budget::Choice {
+        unit,
+        units_safe: batch,
+        memory_units,
+        limited_by,
+        ceiling_units: capped.ceiling,
+        ceiling_limited_by: capped.ceiling_limited_by,
+        budget_bytes: system.budget_bytes,
+        frag_margin_bytes,
+        usable_bytes: usable,
+        predicted_peak_bytes: peak_at(batch),
+    };
+    let mut plan = Plan::from_choice(&system, &cost, Some(&gcost), &choose, &choice)?;
     let pipeline_bytes_per_unit = per_unit_bytes - run_bytes;
     plan.mode = match run.mode {
         Mode::Patch => "patch".into(),
@@ -214,6 +317,8 @@ pub fn auto_batch(
     Ok(AutoBatch {
         plan,
         calibration,
+        calibration_s,
+        sweep,
         pipeline_bytes_per_unit,
         run_bytes_per_unit: run_bytes,
         pipeline_fixed_bytes,
@@ -340,12 +445,19 @@ pub fn with_peak_anon<T>(root: &Path, f: impl FnOnce() -> T) -> (T, u64) {
     })
 }
 
+/// The governor looks at memory (PSI, then the budget when due) at most this often. Reading the
+/// budget takes about 0.2 ms (`/proc/meminfo`, the cgroup, `/proc/self/status`): after every
+/// batch, that is as much again as a small batch's inference.
+pub const GOVERNOR_MIN_INTERVAL: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// The memory governor as a pipeline [`pipeline::Adapt`]: re-reads the budget every few batches
-/// and when memory pressure rises, and logs each change with its cause on stderr.
+/// (at most every [`GOVERNOR_MIN_INTERVAL`]) and when memory pressure rises, and logs each change
+/// with its cause on stderr.
 pub(super) struct BudgetGovernor {
     governor: budget::Governor,
     root: PathBuf,
     reserve_bytes: u64,
+    last_look: Option<std::time::Instant>,
     pub(super) changes: Vec<Adjustment>,
 }
 
@@ -363,13 +475,14 @@ impl BudgetGovernor {
             ..budget::GovernorConfig::from(&ChooseConfig {
                 frag_margin: settings.frag_margin,
                 max_units: settings.max_units,
-                knee: None,
+                ..ChooseConfig::default()
             })
         };
         Ok(Self {
             governor: budget::Governor::new(cost, auto.plan.batch_safe.max(1), cfg)?,
             root: settings.root.clone(),
             reserve_bytes: settings.reserve_bytes,
+            last_look: None,
             changes: Vec::new(),
         })
     }
@@ -392,6 +505,10 @@ impl BudgetGovernor {
 
 impl pipeline::Adapt for BudgetGovernor {
     fn after_batch(&mut self, batches_done: u64, current: usize) -> usize {
+        if self.last_look.is_some_and(|t| t.elapsed() < GOVERNOR_MIN_INTERVAL) {
+            return current;
+        }
+        self.last_look = Some(std::time::Instant::now());
         let psi = budget::read_psi(&self.root).ok().flatten();
         if !self.governor.should_check(batches_done, psi.as_ref()) {
             return current;

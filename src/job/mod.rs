@@ -165,6 +165,8 @@ pub struct BudgetSettings {
     pub adapt: bool,
     /// Folder of cached batch sweeps whose plateau knee caps the batch (`None`: no cap).
     pub sweep_cache: Option<PathBuf>,
+    /// Without a cached knee, time a few batch sizes before the run and stop at the plateau.
+    pub sweep: bool,
 }
 
 impl BudgetSettings {
@@ -204,6 +206,7 @@ impl Default for BudgetSettings {
             check_every: 1,
             adapt: true,
             sweep_cache: None,
+            sweep: true,
         }
     }
 }
@@ -291,23 +294,6 @@ impl Drop for Job {
             let _ = h.join();
         }
     }
-}
-
-/// How `--batch auto` chose: the calibrated cost, the plan, the budget sources.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct AutoBatch {
-    /// The plan (budget sources, which binds, cost breakdown, `batch_safe`, predicted peak).
-    pub plan: Plan,
-    /// The measured runs the cost was fitted to.
-    pub calibration: Option<Calibration>,
-    /// Bytes per unit the pipeline adds besides one run (queued input batches), at `batch_safe`.
-    pub pipeline_bytes_per_unit: u64,
-    /// Bytes per unit of one run (its input, the engine's activations and workspaces, its output).
-    pub run_bytes_per_unit: u64,
-    /// Fixed bytes the pipeline adds (maps, tile window).
-    pub pipeline_fixed_bytes: u64,
-    /// The cached sweep whose knee capped the batch, when one applied.
-    pub knee_file: Option<PathBuf>,
 }
 
 impl Job {

@@ -19,8 +19,8 @@ pub struct PlanRequest {
     pub budget: BudgetSettings,
     /// Plan training for this many classes with this optimizer instead of inference.
     pub train: Option<(u64, budget::Optimizer)>,
-    /// After planning, run the scene at batches from 1 to `batch_safe` and compare each measured
-    /// peak with the prediction.
+    /// After planning, run the scene at batches from 1 to `batch_ceiling` (B_safe before the
+    /// knee) and compare each measured peak with the prediction.
     pub verify: bool,
     /// After planning, find the wall under a cgroup capped at the budget (`--probe-wall`).
     pub probe_wall: bool,
@@ -58,12 +58,24 @@ pub struct VerifyRow {
     pub error: f64,
 }
 
-/// `hsiedge plan`'s answer.
+/// `hsiedge plan`'s answer for inference: the plan, and the checks asked for.
 #[derive(Debug, Clone, serde::Serialize)]
-#[serde(untagged)]
+pub struct InferencePlan {
+    /// The calibrated plan, the sweep behind its knee, the pipeline's share.
+    #[serde(flatten)]
+    pub auto: AutoBatch,
+    /// `--verify`: predicted against measured peaks, one row per batch (empty when not asked).
+    pub verify: Vec<VerifyRow>,
+    /// `--probe-wall`: the wall found against the one predicted.
+    pub wall: Option<WallReport>,
+}
+
+/// `hsiedge plan`'s answer: one JSON object whose `kind` says which.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
 pub enum PlanReport {
     /// Inference: the calibrated plan, the verification rows and the wall search when asked for.
-    Inference(Box<AutoBatch>, Vec<VerifyRow>, Option<WallReport>),
+    Inference(Box<InferencePlan>),
     /// Training memory from the graph.
     Training(Box<budget::TrainingPlan>),
 }
@@ -71,8 +83,12 @@ pub enum PlanReport {
 impl std::fmt::Display for PlanReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Inference(a, rows, wall) => {
+            Self::Inference(r) => {
+                let (a, rows, wall) = (&r.auto, &r.verify, &r.wall);
                 write!(f, "{}", a.plan)?;
+                if let Some(s) = &a.sweep {
+                    write!(f, "\n{}", SweepText(s, a.plan.unit))?;
+                }
                 if let Some(w) = wall {
                     write!(
                         f,
@@ -111,9 +127,10 @@ impl std::fmt::Display for PlanReport {
                         .collect();
                     write!(
                         f,
-                        "\n  calibration     {} (fit RMS residual {:.2} MiB)",
+                        "\n  calibration     {} (fit RMS residual {:.2} MiB), {:.2} s",
                         pts.join(", "),
-                        c.rms_residual_bytes / 1048576.0
+                        c.rms_residual_bytes / 1048576.0,
+                        a.calibration_s
                     )?;
                 }
                 write!(
@@ -124,6 +141,43 @@ impl std::fmt::Display for PlanReport {
                 )
             }
             Self::Training(t) => write!(f, "{t}"),
+        }
+    }
+}
+
+/// The in-run sweep as text: one line per size, then the pick.
+struct SweepText<'a>(&'a budget::plateau::SweepOutcome, Unit);
+
+impl std::fmt::Display for SweepText<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (s, unit) = (self.0, self.1);
+        write!(
+            f,
+            "  sweep           batch   ms/{unit}  runs  elasticity   (up to {}, {:.2} s of its own)",
+            s.limits.max_batch, s.sweep_s
+        )?;
+        for p in &s.points {
+            write!(
+                f,
+                "\n                  {:>5}  {:>8.4}  {:>4}  {:>10}",
+                p.batch,
+                p.per_unit_s * 1e3,
+                p.samples_s.len(),
+                p.elasticity.map_or_else(|| "-".into(), |e| format!("{e:+.3}"))
+            )?;
+        }
+        match s.pick {
+            Some(p) => write!(
+                f,
+                "\n  knee            {} {unit}s: the smallest within {:.0} % of the best ({} at {:.4} ms/{unit}); {}, stopped: {:?}",
+                p.batch,
+                budget::knee::PLATEAU_TOLERANCE * 100.0,
+                p.best_batch,
+                p.best_per_unit_s * 1e3,
+                if s.confirmed { "confirmed" } else { "not confirmed" },
+                s.stopped
+            ),
+            None => write!(f, "\n  knee            none (no size could be timed)"),
         }
     }
 }
@@ -169,7 +223,7 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
         let choose = ChooseConfig {
             frag_margin: req.budget.frag_margin,
             max_units: req.budget.max_units,
-            knee: None,
+            ..ChooseConfig::default()
         };
         let t = budget::TrainingPlan::build(
             &system,
@@ -232,7 +286,8 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
             Mode::Dense => cube.bands() * grid.window_h() * grid.window_w() * 4,
         } as u64;
         let run_bytes = auto.run_bytes_per_unit;
-        let safe = auto.plan.batch_safe.max(1);
+        // Memory is checked up to the ceiling (B_safe before the knee), not only the knee.
+        let safe = auto.plan.batch_ceiling.max(1);
         let mut batches: Vec<u64> = std::iter::successors(Some(1u64), |b| Some(b * 4))
             .take_while(|b| *b < safe)
             .collect();
@@ -284,7 +339,7 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
             let predicted = lo;
             let mut failures = Vec::new();
             let mut spawn_error = None;
-            let search = budget::find_wall(auto.plan.batch_safe.max(1), units.max(1), 0.02, |b| {
+            let search = budget::find_wall(auto.plan.batch_ceiling.max(1), units.max(1), 0.02, |b| {
                 let mut cmd = cap.command(&exe);
                 classify(&mut cmd, b);
                 match cmd.output() {
@@ -353,5 +408,9 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
             });
         }
     }
-    Ok(PlanReport::Inference(Box::new(auto), rows, wall))
+    Ok(PlanReport::Inference(Box::new(InferencePlan {
+        auto,
+        verify: rows,
+        wall,
+    })))
 }

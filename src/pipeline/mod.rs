@@ -568,19 +568,22 @@ pub fn run_with(
 
 /// Runs the first `batches` batches of a run at `opts.batch` through the real pipeline (producer
 /// thread, queue, engine) and discards the results: the memory plan's calibration measures a
-/// run's peak in place this way, in-flight batches included.
+/// run's peak in place this way, in-flight batches included. Returns each batch's seconds on the
+/// engine thread (waiting for it, then running it), in order: the in-run batch sweep's timings.
 pub fn probe(
     cube: &Cube,
     manifest: &Manifest,
     graph: &mut Graph,
     opts: &RunOptions,
     batches: usize,
-) -> Result<(), PipelineError> {
+) -> Result<Vec<f64>, PipelineError> {
     check(cube, manifest, opts)?;
     let (tx, rx) = crossbeam_channel::bounded::<Batch>(opts.queue);
     let (limit, need) = run_buffers(cube, manifest, opts);
     let pool = BufferPool::new(limit);
     let target = AtomicUsize::new(opts.batch);
+    let last = batches.min(units(cube, manifest, opts).div_ceil(opts.batch.max(1)));
+    let mut times = Vec::with_capacity(last);
     std::thread::scope(|scope| -> Result<(), PipelineError> {
         let (target, pool) = (&target, &pool);
         // The producer keeps its normal priority here, unlike in `run`: calibration measures the
@@ -593,10 +596,14 @@ pub fn probe(
         let rx = rx;
         let _close = CloseOnDrop(pool);
         pool.fill(need);
-        for (i, batch) in rx.iter().enumerate().take(batches) {
-            // Each probe leaves the arena as it found it: what an earlier (smaller) size held
-            // would otherwise count in the next size's peak.
-            graph.shrink_arena_after_next_run();
+        for i in 0..last {
+            let t0 = Instant::now();
+            let Ok(batch) = rx.recv() else { break };
+            // The probe leaves the arena as it found it, so what it held does not count in the
+            // next probe's peak; its batches are all one size, so the arena is reused until then.
+            if i + 1 == last {
+                graph.shrink_arena_after_next_run();
+            }
             graph
                 .run(&batch.data, &batch.shape)
                 .map_err(|source| PipelineError::Engine {
@@ -604,8 +611,10 @@ pub fn probe(
                     first_tile: batch.tiles.first().map(|t| (t.row, t.col)).unwrap_or_default(),
                     source,
                 })?;
+            times.push(t0.elapsed().as_secs_f64());
             pool.give(batch.data);
         }
         Ok(())
-    })
+    })?;
+    Ok(times)
 }

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use crate::cube::{ByteOrder, DataType, Interleave, decode_scaled};
 use crate::source::{LineSource, LineStatus, SourceError};
 
-/// A window onto a [`LineSource`]: the lines from [`LineRing::first`] up to those received, each
+/// A window onto a [`LineSource`]: the lines still needed, up to those received, each
 /// `bands x samples` (band-major), normalised as `(v - mean[b]) * inv_std[b]`; a missing line is
 /// all NaN.
 ///

@@ -67,6 +67,72 @@ pub fn fails(args: &[&str]) -> String {
     err
 }
 
+/// Where skipped tests record why (set by `make test`, which prints the records and their count
+/// after `cargo test`: cargo hides what a passing test prints).
+pub const SKIP_DIR_VAR: &str = "HSIEDGE_TEST_SKIP_DIR";
+
+/// Marks the calling test as skipped for `reason`: printed on stderr (seen with `--nocapture`)
+/// and appended as one line, `<test binary> <test>: <reason>`, to a file under
+/// `$HSIEDGE_TEST_SKIP_DIR` when that is set. The caller then returns.
+pub fn skip(reason: impl std::fmt::Display) {
+    eprintln!("skipped: {reason}");
+    let Some(dir) = std::env::var_os(SKIP_DIR_VAR).filter(|d| !d.is_empty()) else {
+        return;
+    };
+    let thread = std::thread::current();
+    let line = format!(
+        "{} {}: {reason}\n",
+        env!("CARGO_CRATE_NAME"),
+        thread.name().unwrap_or("?")
+    );
+    let file = Path::new(&dir).join(format!("{}-{}.txt", env!("CARGO_CRATE_NAME"), std::process::id()));
+    // One append per line, so the test threads of one binary never interleave within a line.
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&file)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, line.as_bytes()));
+    if let Err(e) = written {
+        panic!("cannot record the skip in {}: {e}", file.display());
+    }
+}
+
+/// The Python interpreter the tests use: `$HSIEDGE_TEST_PYTHON` (`make test` sets it to the
+/// target/venv it provisions from .ci/requirements.txt), else `python3`.
+pub fn python() -> String {
+    std::env::var("HSIEDGE_TEST_PYTHON")
+        .ok()
+        .filter(|p| !p.trim().is_empty())
+        .unwrap_or_else(|| "python3".into())
+}
+
+/// [`python`] when it imports every one of `modules`; otherwise `None` with the reason recorded
+/// by [`skip`]. In CI a missing module is a failure, not a skip.
+pub fn python_with(modules: &[&str]) -> Option<String> {
+    let py = python();
+    let import = format!("import {}", modules.join(", "));
+    let why = match Command::new(&py).args(["-c", &import]).output() {
+        Ok(o) if o.status.success() => return Some(py),
+        Ok(o) => String::from_utf8_lossy(&o.stderr)
+            .lines()
+            .last()
+            .unwrap_or("")
+            .trim()
+            .to_string(),
+        Err(e) => e.to_string(),
+    };
+    let reason = format!(
+        "`{py} -c '{import}'` failed ({why}); `make test` provisions target/venv from .ci/requirements.txt \
+         and sets HSIEDGE_TEST_PYTHON to it"
+    );
+    assert!(
+        std::env::var("CI").is_err(),
+        "CI must have the Python packages: {reason}"
+    );
+    skip(reason);
+    None
+}
+
 /// The shared benchmark data, or `None` (with the reason printed) when it is absent outside CI.
 /// In CI the data must be there: its absence fails the test.
 pub fn data() -> Option<PathBuf> {
@@ -81,7 +147,7 @@ pub fn data() -> Option<PathBuf> {
         "CI must have the shared data at {}",
         dir.display()
     );
-    eprintln!("skipped: no shared data at {}", dir.display());
+    skip(format!("no shared data at {}", dir.display()));
     None
 }
 
@@ -93,7 +159,7 @@ pub fn model(name: &str) -> Option<PathBuf> {
     }
     // The trained models are committed: in CI a missing one is a failure, not a skip.
     assert!(std::env::var("CI").is_err(), "CI must have the model {}", p.display());
-    eprintln!("skipped: model {name} not present");
+    skip(format!("model {name} not present"));
     None
 }
 

@@ -56,8 +56,6 @@ pub struct RawConfig {
     pub listen: RawListen,
     /// `[paths]`.
     pub paths: RawPaths,
-    /// `[spool]`.
-    pub spool: Option<RawSpool>,
     /// `[intake]`.
     #[serde(default)]
     pub intake: RawIntake,
@@ -79,20 +77,6 @@ pub struct RawListen {
     pub unix: Option<PathBuf>,
 }
 
-/// `[spool]`: a folder of complete cubes (`source::spool`), the second intake.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RawSpool {
-    /// The spool root (`incoming/`, `work/`, `done/`, `failed/` under it).
-    pub root: PathBuf,
-    /// Seconds between looks at `incoming/`.
-    pub poll_s: Option<f64>,
-    /// Seconds an incomplete cube may stay unchanged before it is failed.
-    pub grace_s: Option<f64>,
-    /// Times one scene is handed out before a further recovery fails it.
-    pub max_attempts: Option<u32>,
-}
-
 /// `[paths]`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -103,6 +87,8 @@ pub struct RawPaths {
     pub state: PathBuf,
     /// The control socket.
     pub control: PathBuf,
+    /// A spool folder of complete cubes to take in (docs/spool.md); none by default.
+    pub spool: Option<PathBuf>,
 }
 
 /// `[intake]`.
@@ -195,14 +181,14 @@ pub struct Config {
     pub tcp: Option<SocketAddr>,
     /// The Unix listener's path.
     pub unix: Option<PathBuf>,
-    /// The spool intake: its root and options.
-    pub spool: Option<(PathBuf, crate::source::spool::SpoolOptions)>,
     /// The outbox.
     pub outbox: PathBuf,
     /// The state folder.
     pub state: PathBuf,
     /// The control socket.
     pub control: PathBuf,
+    /// The spool folder taken in, if any.
+    pub spool: Option<PathBuf>,
     /// Settings of scene intake.
     pub intake: Intake,
     /// The models, by name.
@@ -278,13 +264,17 @@ impl RawConfig {
             })
             .transpose()?;
         let unix = self.listen.unix.as_deref().map(abs);
-        let spool = self.spool.map(|s| s.validate(&abs, &bad)).transpose()?;
+        if self.paths.spool.as_ref().is_some_and(|p| p.as_os_str().is_empty()) {
+            return Err(bad("paths.spool", "is empty".into()));
+        }
+        let spool = self.paths.spool.as_deref().map(abs);
         if tcp.is_none() && unix.is_none() && spool.is_none() {
             return Err(bad(
                 "listen",
-                "no intake: give listen.tcp, listen.unix or a [spool] (any of them)".into(),
+                "no intake: give listen.tcp, listen.unix or paths.spool (or several)".into(),
             ));
         }
+
         for (key, p) in [
             ("paths.outbox", &self.paths.outbox),
             ("paths.state", &self.paths.state),
@@ -381,23 +371,11 @@ impl RawConfig {
             }
             _ => {}
         }
-        if let Some((root, _)) = &spool
-            && (root.starts_with(&outbox) || outbox.starts_with(root.join("incoming")))
-        {
-            return Err(bad(
-                "spool.root",
-                format!(
-                    "{} and the outbox {} must not hold one another's scenes",
-                    root.display(),
-                    outbox.display()
-                ),
-            ));
-        }
         Ok(Config {
             path: path.to_path_buf(),
             tcp,
-            unix,
             spool,
+            unix,
             outbox,
             state,
             control,
@@ -408,38 +386,6 @@ impl RawConfig {
 }
 
 type Bad<'a> = &'a dyn Fn(&str, String) -> ConfigError;
-
-impl RawSpool {
-    fn validate(
-        self,
-        abs: &dyn Fn(&Path) -> PathBuf,
-        bad: Bad,
-    ) -> Result<(PathBuf, crate::source::spool::SpoolOptions), ConfigError> {
-        let d = crate::source::spool::SpoolOptions::default();
-        let seconds = |key: &str, v: Option<f64>, default: Duration| -> Result<Duration, ConfigError> {
-            match v {
-                None => Ok(default),
-                Some(s) if s.is_finite() && s > 0.0 && s <= 1e6 => Ok(Duration::from_secs_f64(s)),
-                Some(s) => Err(bad(key, format!("{s} is not a number of seconds > 0"))),
-            }
-        };
-        if self.root.as_os_str().is_empty() {
-            return Err(bad("spool.root", "is empty".into()));
-        }
-        let max_attempts = match self.max_attempts {
-            Some(0) => return Err(bad("spool.max_attempts", "must be at least 1".into())),
-            v => v.unwrap_or(d.max_attempts),
-        };
-        Ok((
-            abs(&self.root),
-            crate::source::spool::SpoolOptions {
-                poll: seconds("spool.poll_s", self.poll_s, d.poll)?,
-                grace: seconds("spool.grace_s", self.grace_s, d.grace)?,
-                max_attempts,
-            },
-        ))
-    }
-}
 
 impl RawIntake {
     fn validate(self, bad: Bad) -> Result<Intake, ConfigError> {
@@ -538,14 +484,14 @@ impl Config {
     /// their dotted names, empty when `new` differs from `self` only in what a reload applies.
     pub fn restart_only_changes(&self, new: &Config) -> Vec<&'static str> {
         let mut keys = Vec::new();
+        if self.spool != new.spool {
+            keys.push("paths.spool");
+        }
         if self.tcp != new.tcp {
             keys.push("listen.tcp");
         }
         if self.unix != new.unix {
             keys.push("listen.unix");
-        }
-        if self.spool != new.spool {
-            keys.push("spool");
         }
         if self.outbox != new.outbox {
             keys.push("paths.outbox");

@@ -84,7 +84,7 @@ fn unknown_keys_and_wrong_types_are_refused_naming_the_key() {
             MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatchsize = 3"),
             "batchsize",
         ),
-        (MINIMAL.replace("[paths]", "[paths]\nspool = \"/x\""), "spool"),
+        (MINIMAL.replace("[paths]", "[paths]\nspoolz = \"/x\""), "spoolz"),
         (
             MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = \"many\""),
             "batch",
@@ -105,15 +105,6 @@ fn unknown_keys_and_wrong_types_are_refused_naming_the_key() {
 fn values_out_of_range_are_refused_naming_the_key() {
     let cases = [
         (MINIMAL.replace("tcp = \"127.0.0.1:0\"", ""), "key `listen`"),
-        (format!("{MINIMAL}[spool]\nroot = \"out\""), "key `spool.root`"),
-        (
-            format!("{MINIMAL}[spool]\nroot = \"/s\"\npoll_s = 0.0"),
-            "key `spool.poll_s`",
-        ),
-        (
-            format!("{MINIMAL}[spool]\nroot = \"/s\"\nmax_attempts = 0"),
-            "key `spool.max_attempts`",
-        ),
         (MINIMAL.replace("127.0.0.1:0", "localhost"), "key `listen.tcp`"),
         (
             MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = 0"),
