@@ -122,6 +122,25 @@ fn json_lines_during_a_patch_run() {
     let first_q = &lines[0]["batch_latency_s"];
     assert!(get(first_q, "p50") <= get(first_q, "p95") && get(first_q, "p95") <= get(first_q, "p99"));
     assert!(get(first_q, "p50") > 0.0);
+    // Absent sources (on a host without INA3221 rails: power) are reported once, not per line.
+    let notices: Vec<&str> = lines
+        .iter()
+        .flat_map(|l| l["notices"].as_array().into_iter().flatten())
+        .filter_map(|n| n.as_str())
+        .collect();
+    let mut unique = notices.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), notices.len(), "a notice repeated: {notices:?}");
+    if !Path::new("/sys/bus/i2c/devices").exists() {
+        assert!(
+            lines[0]["notices"].as_array().is_some_and(|n| n
+                .iter()
+                .any(|n| n.as_str().is_some_and(|n| n.starts_with("power: no INA3221")))),
+            "{}",
+            lines[0]
+        );
+    }
     // Periodic snapshots are a second apart.
     for l in &lines[..lines.len() - 1] {
         assert!((get(l, "window_s") - 1.0).abs() < 0.5, "{l}");
