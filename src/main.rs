@@ -856,11 +856,6 @@ fn classify(spec: JobSpec, json: bool, telemetry: &TelemetryArgs) -> Result<()> 
     } else {
         None
     };
-    let progress = |done: &hsiedge::pipeline::BatchDone| {
-        if let Some(b) = &bar {
-            b.set_position(done.pixels_done as u64);
-        }
-    };
     let mut latest = LatestSnapshot::new();
     let server = match listener {
         Some(l) => {
@@ -870,7 +865,7 @@ fn classify(spec: JobSpec, json: bool, telemetry: &TelemetryArgs) -> Result<()> 
         }
         None => None,
     };
-    let (maps, stats) = if jsonl.is_some() || server.is_some() {
+    let summary = if jsonl.is_some() || server.is_some() {
         let mut sampler = tm::Sampler::discover(std::path::Path::new("/"), true);
         let info = tm::RunInfo {
             batch: job.run.batch as u64,
@@ -888,10 +883,7 @@ fn classify(spec: JobSpec, json: bool, telemetry: &TelemetryArgs) -> Result<()> 
             sinks.push(&mut latest);
         }
         let (result, outcome) = tm::run(&tm::TelemetryConfig::default(), &mut sampler, info, &mut sinks, |rec| {
-            job.infer(&mut |done| {
-                progress(done);
-                rec.record(done);
-            })
+            infer_and_write(&mut job, bar.as_ref(), Some(rec))
         });
         let outcome = outcome?;
         for n in &outcome.notices {
@@ -902,12 +894,8 @@ fn classify(spec: JobSpec, json: bool, telemetry: &TelemetryArgs) -> Result<()> 
         }
         result?
     } else {
-        job.infer(&mut |done| progress(done))?
+        infer_and_write(&mut job, bar.as_ref(), None)?
     };
-    if let Some(b) = bar {
-        b.finish_and_clear();
-    }
-    let summary = job.write(&maps, &stats)?;
     if let Some(server) = server {
         server.stop();
     }
@@ -940,6 +928,31 @@ fn classify(spec: JobSpec, json: bool, telemetry: &TelemetryArgs) -> Result<()> 
         println!("maps in {}", job.spec.out.display());
     }
     Ok(())
+}
+
+/// Runs the job and writes its maps, showing progress on `bar` and recording each batch on
+/// `rec`; telemetry's final snapshot is taken while the maps are written.
+#[allow(clippy::result_large_err)]
+fn infer_and_write(
+    job: &mut Job,
+    bar: Option<&indicatif::ProgressBar>,
+    mut rec: Option<&mut hsiedge::telemetry::Recorder<'_>>,
+) -> Result<hsiedge::job::Summary, hsiedge::job::JobError> {
+    let (maps, stats) = job.infer(&mut |done| {
+        if let Some(b) = bar {
+            b.set_position(done.pixels_done as u64);
+        }
+        if let Some(r) = rec.as_deref_mut() {
+            r.record(done);
+        }
+    })?;
+    if let Some(r) = rec {
+        r.end();
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    job.write(&maps, &stats)
 }
 
 fn inspect(file: &std::path::Path) -> Result<()> {

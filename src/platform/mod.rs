@@ -23,7 +23,7 @@ pub mod thermal;
 
 pub use devfreq::{GpuDevfreq, find_gpu};
 pub use jetson::{Nvpmodel, PowerMode, parse_nvpmodel_conf, read_nvpmodel};
-pub use memory::{MemorySample, read_memory};
+pub use memory::{MemoryReader, MemorySample, read_memory};
 pub use nvml::{NvmlGpu, NvmlSample};
 pub use power::{Rail, find_rails, module_total_milliwatts};
 pub use thermal::{ThermalZone, find_zones};

@@ -187,10 +187,11 @@ pub fn telemetry(opts: &TelemetryBenchOptions) -> Result<TelemetryBench, BenchEr
                     };
                     let (result, outcome) =
                         super::run(&TelemetryConfig::default(), &mut sampler, info, &mut sinks, |rec| {
-                            job.infer(&mut |d| rec.record(d))
+                            let (maps, stats) = job.infer(&mut |d| rec.record(d))?;
+                            rec.end();
+                            job.write(&maps, &stats)
                         });
-                    let (maps, stats) = result?;
-                    job.write(&maps, &stats)?;
+                    result?;
                     on.push(t.elapsed().as_secs_f64());
                     let outcome = outcome.map_err(|e| BenchError::Setting(e.to_string()))?;
                     snapshots += outcome.snapshots;

@@ -114,7 +114,9 @@ pub struct Outcome {
 }
 
 /// Runs `body` with a [`Recorder`] while an aggregator thread samples `sampler` and emits a
-/// snapshot to every sink each period, and a final one when `body` returns.
+/// snapshot to every sink each period, and a final one when `body` calls [`Recorder::end`] or
+/// returns. A body that has work left after its last batch (writing maps) calls `end` first, so
+/// the final snapshot is taken while that work goes on.
 ///
 /// The ring is allocated here, before `body` starts; the recorder never allocates.
 pub fn run<R>(
@@ -128,6 +130,7 @@ pub fn run<R>(
     ring.set_batch(info.batch);
     let (mut recorder, mut drain) = ring.split();
     let (stop_tx, stop_rx) = mpsc::channel::<()>();
+    recorder.set_stop(stop_tx.clone());
     let cfg = *cfg;
     std::thread::scope(|scope| {
         let aggregator = scope.spawn(move || {
@@ -186,9 +189,137 @@ pub fn run<R>(
             out
         });
         let result = body(&mut recorder);
-        // The aggregator stops at once: it is waiting on this channel.
+        // The aggregator stops at once (it is waiting on this channel), unless `end` already
+        // stopped it.
         let _ = stop_tx.send(());
         let outcome = aggregator.join().map_err(|_| TelemetryError::Panicked);
         (result, outcome)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::BatchDone;
+    use std::path::PathBuf;
+    use std::sync::{Arc, Mutex, PoisonError};
+
+    /// Keeps every snapshot it is given, with when it got it.
+    #[derive(Clone, Default)]
+    struct Kept(Arc<Mutex<Vec<(Instant, Snapshot)>>>);
+
+    impl Kept {
+        fn all(&self) -> Vec<(Instant, Snapshot)> {
+            self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        }
+    }
+
+    impl Sink for Kept {
+        fn name(&self) -> String {
+            "kept".into()
+        }
+
+        fn emit(&mut self, s: &Snapshot) -> Result<(), TelemetryError> {
+            self.0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((Instant::now(), s.clone()));
+            Ok(())
+        }
+    }
+
+    fn sampler() -> Sampler {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/telemetry/orin_nano");
+        Sampler::discover(&root, false)
+    }
+
+    fn batch(i: usize) -> BatchDone {
+        BatchDone {
+            batches: i + 1,
+            pixels_done: (i + 1) * 10,
+            pixels: 10,
+            infer_s: 0.001,
+            batch: 8,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn periodic_snapshots_then_a_final_one() {
+        let cfg = TelemetryConfig {
+            period: Duration::from_millis(40),
+            tick: Duration::from_millis(10),
+        };
+        let mut kept = Kept::default();
+        let mut sinks: [&mut dyn Sink; 1] = [&mut kept];
+        let mut sampler = sampler();
+        let info = RunInfo {
+            batch: 8,
+            batch_reason: "fixed".into(),
+            pixels_total: Some(300),
+        };
+        let (n, outcome) = run(&cfg, &mut sampler, info, &mut sinks, |rec| {
+            for i in 0..30 {
+                rec.record(&batch(i));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            30
+        });
+        assert_eq!(n, 30);
+        let outcome = outcome.map_err(|e| e.to_string());
+        let Ok(outcome) = outcome else { panic!("{outcome:?}") };
+        let got: Vec<Snapshot> = kept.all().into_iter().map(|(_, s)| s).collect();
+        // At least one periodic snapshot (three or four on an idle machine) and the final one.
+        assert!(got.len() >= 2, "{} snapshots in 150 ms at 40 ms", got.len());
+        assert_eq!(outcome.snapshots, got.len() as u64);
+        assert!(got.iter().enumerate().all(|(i, s)| s.seq == i as u64));
+        assert!(got.iter().rev().skip(1).all(|s| !s.is_final));
+        assert!(got.windows(2).all(|w| w[0].pixels_done <= w[1].pixels_done));
+        let last = &outcome.last;
+        assert!(last.is_final);
+        assert_eq!(
+            (last.pixels_done, last.batches, last.batch_latency_count),
+            (300, 30, 30)
+        );
+        // The fixture's constant 6.623 W integrated over the run.
+        let energy = last.energy_j.unwrap_or_default();
+        assert!(
+            (energy - 6.623 * last.t_s).abs() < 1e-6,
+            "{energy} J over {} s",
+            last.t_s
+        );
+        // The board's notices came once (none on this fixture), the reason stayed.
+        assert!(outcome.notices.is_empty(), "{:?}", outcome.notices);
+        assert!(got.iter().all(|s| s.batch_reason == "fixed"));
+    }
+
+    #[test]
+    fn end_takes_the_final_snapshot_while_the_body_goes_on() {
+        let kept = Kept::default();
+        let mut sink = kept.clone();
+        let mut sinks: [&mut dyn Sink; 1] = [&mut sink];
+        let mut sampler = sampler();
+        let (returned, outcome) = run(
+            &TelemetryConfig::default(),
+            &mut sampler,
+            RunInfo::default(),
+            &mut sinks,
+            |rec| {
+                rec.record(&batch(0));
+                rec.end();
+                rec.end();
+                // The body's remaining work: the final snapshot arrives meanwhile.
+                let t = Instant::now();
+                while kept.all().is_empty() && t.elapsed() < Duration::from_secs(10) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Instant::now()
+            },
+        );
+        let all = kept.all();
+        assert_eq!(all.len(), 1);
+        assert!(all[0].1.is_final && all[0].1.pixels_done == 10);
+        assert!(all[0].0 < returned, "the final snapshot waited for the body");
+        assert!(outcome.is_ok_and(|o| o.snapshots == 1));
+    }
 }

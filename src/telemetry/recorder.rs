@@ -89,7 +89,14 @@ impl Ring {
     pub fn split(&mut self) -> (Recorder<'_>, Drain<'_>) {
         let (producer, consumer) = self.queue.split();
         let totals = &self.totals;
-        (Recorder { producer, totals }, Drain { consumer, totals })
+        (
+            Recorder {
+                producer,
+                totals,
+                stop: None,
+            },
+            Drain { consumer, totals },
+        )
     }
 }
 
@@ -97,6 +104,7 @@ impl Ring {
 pub struct Recorder<'r> {
     producer: Producer<'r, BatchDone>,
     totals: &'r Totals,
+    stop: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl Recorder<'_> {
@@ -112,6 +120,22 @@ impl Recorder<'_> {
         if self.producer.enqueue(*done).is_err() {
             t.dropped.fetch_add(1, Ordering::Relaxed);
         }
+    }
+
+    /// Says the run is over: the aggregator takes the final snapshot now, while the caller goes
+    /// on (writing its maps), instead of when the caller's body returns. Batches recorded after
+    /// this are not in the final snapshot. Does nothing outside [`super::run`] or when called
+    /// twice.
+    pub fn end(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            // The aggregator has already ended when the send fails; nothing is lost.
+            let _ = stop.send(());
+        }
+    }
+
+    /// Connects [`Recorder::end`] to an aggregator.
+    pub(super) fn set_stop(&mut self, stop: std::sync::mpsc::Sender<()>) {
+        self.stop = Some(stop);
     }
 }
 

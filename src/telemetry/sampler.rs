@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::platform::memory::MemoryReader;
 use crate::platform::{self, GpuDevfreq, MemorySample, NvmlGpu, NvmlSample, Rail, ThermalZone};
 
 use super::snapshot::{PowerModeNow, RailPower, Temperature};
@@ -48,7 +49,7 @@ pub struct Sampler {
     nvml: Option<NvmlGpu>,
     modes: Vec<platform::PowerMode>,
     has_nvpmodel: bool,
-    memory: bool,
+    memory: Option<MemoryReader>,
     notices: Vec<String>,
 }
 
@@ -90,11 +91,11 @@ impl Sampler {
         } else {
             None
         };
-        let memory = match platform::read_memory(root) {
-            Ok(_) => true,
+        let memory = match MemoryReader::new(root).and_then(|mut r| r.read().map(|_| r)) {
+            Ok(r) => Some(r),
             Err(e) => {
                 notices.push(format!("memory: {e}"));
-                false
+                None
             }
         };
         Self {
@@ -172,17 +173,14 @@ impl Sampler {
 
     /// Reads memory, temperatures, GPU load and the nvpmodel mode.
     pub fn board(&mut self) -> BoardSample {
-        let memory = if self.memory {
-            match platform::read_memory(&self.root) {
-                Ok(m) => Some(m),
-                Err(e) => {
-                    self.notices.push(format!("memory: {e}; no longer read"));
-                    self.memory = false;
-                    None
-                }
+        let memory = match self.memory.as_mut().map(MemoryReader::read) {
+            Some(Ok(m)) => Some(m),
+            Some(Err(e)) => {
+                self.notices.push(format!("memory: {e}; no longer read"));
+                self.memory = None;
+                None
             }
-        } else {
-            None
+            None => None,
         };
         let mut temperatures = Vec::with_capacity(self.zones.len());
         let mut off = Vec::new();
