@@ -52,7 +52,9 @@ pub enum KneeError {
 pub struct SweepPoint {
     /// Units per batch (samples or tiles).
     pub batch: u64,
-    /// Median seconds of one run at this batch.
+    /// Median seconds of one run at this batch: over single runs (`bench sweep`), or over
+    /// repetitions of consecutive runs, each its mean (the in-run sweep, see
+    /// [`super::plateau::point_from_runs`]).
     pub median_s: f64,
     /// `median_s / batch`.
     pub per_unit_s: f64,

@@ -13,19 +13,25 @@ use serde::Serialize;
 
 use super::knee::{self, Pick, SweepPoint};
 
+/// A size's timed batches are split into this many repetitions of consecutive batches; each
+/// repetition's time is its mean per batch (what throughput sees, the runs a busy machine preempted
+/// included), and the size's time is the median of the repetitions.
+pub const REPETITIONS: usize = 3;
+
 /// Timed batches per size at least (after one untimed batch that lets the runtime settle on the
-/// new shape), so each per-unit time is a median of several.
-pub const MIN_TIMED_BATCHES: usize = 7;
+/// new shape): three per repetition.
+pub const MIN_TIMED_BATCHES: usize = 3 * REPETITIONS;
 
 /// Timed batches per size at most.
-pub const MAX_TIMED_BATCHES: usize = 32;
+pub const MAX_TIMED_BATCHES: usize = 96;
 
 /// Times the pick may be re-timed (with its neighbours and the best) before the sweep settles.
 pub const RETIME_ROUNDS: usize = 2;
 
 /// Below this many seconds of timed work, a cheap size gets more batches (up to
-/// [`MAX_TIMED_BATCHES`]): microsecond runs need many for a stable median.
-pub const MIN_TIMED_S: f64 = 0.01;
+/// [`MAX_TIMED_BATCHES`]): each repetition should span a few scheduler time slices, so a batch
+/// shorter than one is preempted about as often as in a real run.
+pub const MIN_TIMED_S: f64 = 0.03;
 
 /// What bounds a sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -68,13 +74,22 @@ pub struct SweepOutcome {
 }
 
 /// A measured point from the seconds of each batch run at `batch`, the first (untimed, the
-/// runtime settling on the shape) left out; `None` when no timed batch is left.
+/// runtime settling on the shape) left out; `None` when no timed batch is left. The timed runs
+/// are split into [`REPETITIONS`] groups of consecutive runs; `median_s` is the median of the
+/// groups' mean seconds per run. A plain median of single runs would drop the runs a busy machine
+/// preempted, which a long batch never escapes and a short one mostly does: it would favour short
+/// batches that a real run, preemptions and all, does not find faster.
 pub fn point_from_runs(batch: u64, runs_s: &[f64]) -> Option<SweepPoint> {
     let samples_s: Vec<f64> = runs_s.get(1..)?.to_vec();
     if samples_s.is_empty() || batch == 0 {
         return None;
     }
-    let median_s = knee::median(&samples_s);
+    let per = samples_s.len().div_ceil(REPETITIONS);
+    let means: Vec<f64> = samples_s
+        .chunks(per)
+        .map(|c| c.iter().sum::<f64>() / c.len() as f64)
+        .collect();
+    let median_s = knee::median(&means);
     Some(SweepPoint {
         batch,
         median_s,
@@ -348,6 +363,19 @@ mod tests {
     }
 
     #[test]
+    fn preempted_runs_count_against_short_batches_as_in_a_real_run() {
+        // A busy machine takes 3 s from this process for every 4 s of its work. Batch 1 (1 s of
+        // work a run) loses them in every fourth run; batch 8 (8 s a run) loses 6 s in every run.
+        // Both cost 1.75 s a unit, as a real run would find; a median of single runs would put
+        // batch 1 at 1 s and make it look 43 % faster.
+        let one: Vec<f64> = (0..13).map(|i| if i % 4 == 3 { 4.0 } else { 1.0 }).collect();
+        let p1 = point_from_runs(1, &one).unwrap();
+        let p8 = point_from_runs(8, &[14.0; 13]).unwrap();
+        assert!((p1.per_unit_s - 1.75).abs() < 1e-12, "{p1:?}");
+        assert!((p8.per_unit_s - 1.75).abs() < 1e-12, "{p8:?}");
+    }
+
+    #[test]
     fn the_time_budget_stops_growth_and_the_pick_comes_from_what_was_measured() {
         let mut log = Vec::new();
         let out = sweep(
@@ -373,9 +401,12 @@ mod tests {
         assert_eq!(point_from_runs(4, &[9.0]), None, "the untimed run alone is no point");
         let p = point_from_runs(4, &[9.0, 1.0, 3.0, 2.0]).unwrap();
         assert_eq!((p.median_s, p.per_unit_s, p.samples_s.len()), (2.0, 0.5, 3));
+        // Repetitions of 2: means 1.5, 2.5, 4.0 -> 2.5.
+        let q = point_from_runs(1, &[9.0, 1.0, 2.0, 2.0, 3.0, 1.0, 7.0]).unwrap();
+        assert_eq!(q.median_s, 2.5);
         assert_eq!(batches_for(1, None), 1 + MIN_TIMED_BATCHES);
         assert_eq!(batches_for(1, Some(1e-6)), 1 + MAX_TIMED_BATCHES);
-        assert_eq!(batches_for(1, Some(1e-3)), 1 + 10);
+        assert_eq!(batches_for(1, Some(1e-3)), 1 + 30);
         let mut v = vec![p];
         put(&mut v, point_from_runs(2, &[0.0, 1.0]).unwrap());
         put(&mut v, point_from_runs(4, &[0.0, 4.0, 5.0]).unwrap());

@@ -67,7 +67,7 @@ pub const SWEEP_SCENE_BATCHES: u64 = budget::plateau::MIN_TIMED_BATCHES as u64 +
 pub const SWEEP_BUDGET_SHARE: f64 = 0.05;
 
 /// ... or this many seconds, whichever is more.
-pub const SWEEP_BUDGET_MIN_S: f64 = 0.3;
+pub const SWEEP_BUDGET_MIN_S: f64 = 0.5;
 
 /// Plans `--batch auto`: sizes the graph, reads the system budget, measures two or three small
 /// batches to fit `M(B) = M_fixed + a*B`, adds what the pipeline itself holds, and applies
