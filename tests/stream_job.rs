@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use hsiedge::engine::EngineOptions;
-use hsiedge::job::{ModeChoice, ModelSession, SessionSpec};
+use hsiedge::job::{ModeChoice, ModelSession, SessionBatch, SessionSpec};
 use hsiedge::map::SegmentOptions;
 use hsiedge::pipeline::Mode;
 use hsiedge::source::{FileSource, LineSource, LineStatus, SceneInfo, SourceError, SourceStats};
@@ -70,7 +70,7 @@ fn session(model: &Path, mode: Mode, batch: usize) -> ModelSession {
     ModelSession::open(&SessionSpec {
         manifest: model.to_path_buf(),
         mode: ModeChoice::Fixed(mode),
-        batch: Some(batch),
+        batch: SessionBatch::Fixed(batch),
         tile: 32,
         engine: EngineOptions {
             threads: 1,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use super::{BenchError, median, quartiles};
 use crate::cube::Cube;
 use crate::engine::EngineOptions;
-use crate::job::{ModeChoice, ModelSession, SessionSpec};
+use crate::job::{ModeChoice, ModelSession, SessionBatch, SessionSpec};
 use crate::map::SegmentOptions;
 use crate::pipeline::Latency;
 use crate::source::stream::{Faults, Limits, SceneHeader, SensorStream};
@@ -274,7 +274,7 @@ pub fn session(
     SessionSpec {
         manifest,
         mode,
-        batch,
+        batch: batch.map_or(SessionBatch::ModeDefault, SessionBatch::Fixed),
         tile,
         engine,
         keep_scores: false,

@@ -91,6 +91,9 @@ pub enum Limit {
     Tiles,
     /// The plateau knee of a batch sweep (in-run or cached).
     Knee,
+    /// One tile row of a stream: a batch that spans into the next row would hold a finished row
+    /// back until lines of the next one arrive.
+    Strip,
 }
 
 impl fmt::Display for Limit {
@@ -101,6 +104,7 @@ impl fmt::Display for Limit {
             Self::Scene => "the scene's pixels",
             Self::Tiles => "the scene's tiles",
             Self::Knee => "the plateau knee",
+            Self::Strip => "one tile row of the stream",
         })
     }
 }

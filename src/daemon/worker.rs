@@ -20,7 +20,7 @@ use super::log;
 use super::outbox::{self, InFlight};
 use super::status::{SceneEntry, Status};
 use crate::engine::error_chain;
-use crate::job::{ModelSession, anon_bytes, with_peak_anon};
+use crate::job::{ModelSession, SessionBatch, anon_bytes, with_peak_anon};
 use crate::map::SegmentOptions;
 use crate::pipeline::Mode;
 use crate::source::{LineSource, LineStatus, SceneInfo, SourceError, SourceStats};
@@ -93,9 +93,16 @@ impl ModelPool {
         };
         match first {
             Some(Ok((manifest, run))) => {
-                let batch_reason = match config.session.batch {
-                    Some(b) => format!("configured: models.{name}.batch = {b}"),
-                    None => format!("default of {} mode (models.{name}.batch not set)", mode_name(run.mode)),
+                let batch_reason = match &config.session.batch {
+                    SessionBatch::Fixed(b) => format!("configured: models.{name}.batch = {b}"),
+                    SessionBatch::ModeDefault => {
+                        format!("default of {} mode (models.{name}.batch not set)", mode_name(run.mode))
+                    }
+                    SessionBatch::Auto(_) => format!(
+                        "auto (models.{name}.batch = \"auto\"): the plateau knee within the memory budget, \
+                         at most one tile row, planned at the first scene of each width and governed while \
+                         a scene runs; each scene_done reports its plan"
+                    ),
                 };
                 Ok(Self {
                     config: config.clone(),
@@ -291,7 +298,8 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                     "model": model,
                     "origin": origin,
                     "mode": mode_name(run.mode),
-                    "batch": run.batch,
+                    "batch": outcome.batch.as_ref().map_or(run.batch, |b| b.plan.batch),
+                    "batch_plan": outcome.batch,
                     "lines": lines,
                     "pixels": outcome.run.pixels,
                     "elapsed_s": elapsed,

@@ -677,4 +677,6 @@ mod session;
 
 pub use auto::*;
 pub use plan::*;
-pub use session::{ModelSession, STREAM_PRODUCER_NICE, SceneOutcome, SessionSpec};
+pub use session::{
+    ModelSession, STREAM_PRODUCER_NICE, SceneBatch, SceneOutcome, SessionBatch, SessionSpec, StreamPlan,
+};

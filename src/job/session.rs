@@ -3,7 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::{DEFAULT_DENSE_BATCH, DEFAULT_PATCH_BATCH, JobError, ModeChoice, QUEUE_DEPTH};
+use super::auto::{AutoBatch, BudgetGovernor, SWEEP_SCENE_BATCHES, SceneGeometry, auto_batch};
+use super::{BudgetSettings, DEFAULT_DENSE_BATCH, DEFAULT_PATCH_BATCH, JobError, ModeChoice, QUEUE_DEPTH};
+use crate::budget::{Adjustment, Limit};
+use crate::cube::{Cube, DataType, Header, Interleave};
 use crate::engine::{EngineOptions, Graph, Runtime};
 use crate::map::{SegmentOptions, SegmentRecord, SegmentWriter};
 use crate::model::{Manifest, Role, Task};
@@ -21,14 +24,27 @@ pub struct SessionSpec {
     pub manifest: PathBuf,
     /// Execution mode.
     pub mode: ModeChoice,
-    /// Units per batch (patches, or tiles in dense mode); `None` for the mode's default.
-    pub batch: Option<usize>,
+    /// Units per batch (patches, or tiles in dense mode).
+    pub batch: SessionBatch,
     /// Tile side.
     pub tile: usize,
     /// Engine settings. Keep `producer_nice` at 0 for streams ([`STREAM_PRODUCER_NICE`]).
     pub engine: EngineOptions,
     /// Keep every output channel.
     pub keep_scores: bool,
+}
+
+/// How a session's batch is set.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SessionBatch {
+    /// The mode's default (1 tile, 32 patches).
+    ModeDefault,
+    /// Exactly this many units.
+    Fixed(usize),
+    /// Chosen by the memory budget and the plateau knee, calibrated on a synthetic strip of the
+    /// first scene of each width (`--batch auto` for streams), capped at one tile row, and
+    /// governed while each scene runs.
+    Auto(BudgetSettings),
 }
 
 /// A loaded model: its manifest, ONNX Runtime session and batch buffers, kept from scene to scene.
@@ -39,7 +55,54 @@ pub struct ModelSession {
     graph: Graph,
     run: RunOptions,
     buffers: BufferPool,
+    auto: Option<AutoState>,
 }
+
+/// The budget settings of an auto-batch session and the plans made so far, one per scene width.
+#[derive(Debug)]
+struct AutoState {
+    settings: BudgetSettings,
+    plans: Vec<(usize, StreamPlan)>,
+}
+
+/// How an auto-batch session chose the batch for scenes of one width.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct StreamPlan {
+    /// Scene samples (width) the plan is for.
+    pub samples: usize,
+    /// The batch the scenes start at.
+    pub batch: usize,
+    /// What bounded it (`strip`: one tile row of the stream).
+    pub limited_by: Limit,
+    /// Units one tile row of such a scene holds.
+    pub strip_units: u64,
+    /// The plan behind it: budget, calibrated cost, `batch_safe`, the knee.
+    #[serde(skip)]
+    auto: AutoBatch,
+    /// The largest batch memory allows.
+    pub memory_units: u64,
+    /// What the budget allows the process.
+    pub budget_bytes: u64,
+    /// The calibrated peak at `batch`.
+    pub predicted_peak_bytes: u64,
+    /// The calibration runs' and the sweep's seconds.
+    pub calibration_s: f64,
+}
+
+/// What an auto-batch scene reports of its batch.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SceneBatch {
+    /// The plan the scene started from.
+    pub plan: StreamPlan,
+    /// Whether this scene made the plan (its start waited for the calibration).
+    pub calibrated_now: bool,
+    /// The governor's changes during the scene.
+    pub adjustments: Vec<Adjustment>,
+}
+
+/// Only one session calibrates at a time: a calibration measures the process's peak memory,
+/// which another's probes would inflate.
+static CALIBRATING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// What one streamed scene gave.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -52,6 +115,8 @@ pub struct SceneOutcome {
     pub source: SourceStats,
     /// The sets written.
     pub segments: Vec<SegmentRecord>,
+    /// How the batch was chosen, for an auto-batch session.
+    pub batch: Option<SceneBatch>,
 }
 
 impl ModelSession {
@@ -81,10 +146,22 @@ impl ModelSession {
                 runtime.graph(&manifest, Role::Dense, &path)?
             }
         };
-        let batch = spec.batch.unwrap_or(match mode {
+        let default = match mode {
             Mode::Patch => DEFAULT_PATCH_BATCH,
             Mode::Dense => DEFAULT_DENSE_BATCH,
-        });
+        };
+        let (batch, auto) = match &spec.batch {
+            SessionBatch::ModeDefault => (default, None),
+            SessionBatch::Fixed(b) => (*b, None),
+            SessionBatch::Auto(settings) => {
+                settings.validate()?;
+                let state = AutoState {
+                    settings: settings.clone(),
+                    plans: Vec::new(),
+                };
+                (default, Some(state))
+            }
+        };
         let run = RunOptions {
             mode,
             batch,
@@ -99,6 +176,81 @@ impl ModelSession {
             graph,
             run,
             buffers: BufferPool::new(1),
+            auto,
+        })
+    }
+
+    /// The plan for scenes `samples` wide, made now (on a synthetic strip) if there is none yet;
+    /// `None` for a session of a fixed batch. The flag says whether it was made now.
+    pub fn stream_plan(&mut self, samples: usize) -> Result<Option<(StreamPlan, bool)>, JobError> {
+        let Some(state) = &self.auto else {
+            return Ok(None);
+        };
+        if let Some((_, p)) = state.plans.iter().find(|(w, _)| *w == samples) {
+            return Ok(Some((p.clone(), false)));
+        }
+        let settings = state.settings.clone();
+        let plan = self.calibrate(samples, &settings)?;
+        if let Some(state) = &mut self.auto {
+            state.plans.push((samples, plan.clone()));
+        }
+        Ok(Some((plan, true)))
+    }
+
+    /// Calibrates the memory cost and times batch sizes on a synthetic strip `samples` wide:
+    /// enough tile rows for the in-run sweep to time a whole row's batch, drawn around the
+    /// model's input mean (the cost and the timing do not depend on the values).
+    fn calibrate(&mut self, samples: usize, settings: &BudgetSettings) -> Result<StreamPlan, JobError> {
+        let _one = CALIBRATING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let started = std::time::Instant::now();
+        let lines = self.run.tile * usize::try_from(SWEEP_SCENE_BATCHES).unwrap_or(10);
+        let dir = tempfile::Builder::new()
+            .prefix("hsiedge-strip-")
+            .tempdir()
+            .map_err(|source| crate::map::MapError::Io {
+                path: std::env::temp_dir(),
+                source,
+            })?;
+        let strip = write_strip(dir.path(), &self.manifest, lines, samples)?;
+        let cube = Cube::open(&strip)?;
+        // A stream's tile rows are `tile` lines high, its columns those of the whole scene.
+        let grid = crate::tile::TileGrid::streaming(samples, self.run.tile, self.manifest.halo);
+        let strip_units = match self.run.mode {
+            Mode::Patch => (grid.tile_h * samples) as u64,
+            Mode::Dense => grid.cols as u64,
+        };
+        let geometry = SceneGeometry::of(&cube);
+        let auto = auto_batch(
+            &geometry,
+            Some(&cube),
+            &self.manifest,
+            &mut self.graph,
+            &self.run,
+            settings,
+            None,
+        )?;
+        let (mut batch, mut limited_by) = (auto.plan.batch_safe, auto.plan.limited_by);
+        if batch > strip_units {
+            (batch, limited_by) = (strip_units, Limit::Strip);
+        }
+        let batch = usize::try_from(batch).unwrap_or(usize::MAX);
+        if batch == 0 {
+            return Err(JobError::Setting {
+                name: "batch",
+                value: "auto".into(),
+                message: format!("not one unit fits the memory budget ({} bytes)", auto.plan.budget_bytes),
+            });
+        }
+        Ok(StreamPlan {
+            samples,
+            batch,
+            limited_by,
+            strip_units,
+            memory_units: auto.plan.memory_limit_units,
+            budget_bytes: auto.plan.budget_bytes,
+            predicted_peak_bytes: auto.plan.predicted_peak_bytes,
+            calibration_s: started.elapsed().as_secs_f64(),
+            auto,
         })
     }
 
@@ -159,8 +311,24 @@ impl ModelSession {
         let info = source.info().clone();
         info.validate().map_err(PipelineError::Source)?;
         pipeline::check_bands(info.bands, &info.origin, &self.manifest, &self.run)?;
+        let mut run = self.run.clone();
+        let planned = self.stream_plan(info.samples)?;
+        let mut governor = match (&planned, &self.auto) {
+            (Some((plan, _)), Some(state)) => {
+                run.batch = plan.batch;
+                let settings = BudgetSettings {
+                    max_units: state.settings.max_units.min(plan.strip_units.max(1)),
+                    ..state.settings.clone()
+                };
+                match settings.adapt {
+                    true => Some(BudgetGovernor::new(&plan.auto, &settings)?),
+                    false => None,
+                }
+            }
+            _ => None,
+        };
         let segments = SegmentOptions {
-            keep_scores: segments.keep_scores || self.run.keep_scores,
+            keep_scores: segments.keep_scores || run.keep_scores,
             ..segments
         };
         let mut sink = SegmentWriter::new(root, &self.manifest, &info.header, &info.id, segments);
@@ -168,35 +336,67 @@ impl ModelSession {
             serde_json::json!({
                 "source": source,
                 "origin": info.origin,
-                "mode": self.run.mode,
-                "batch": self.run.batch,
+                "mode": run.mode,
+                "batch": run.batch,
                 "provider": self.runtime.provider().ort_name(),
             })
         };
         // Segments closed mid-scene say what the source had seen by then; the last, all of it.
         sink.set_extra(extra(&SourceStats::default()));
         let inv_std: Vec<f32> = self.manifest.input.std.iter().map(|s| 1.0 / s).collect();
-        let run = {
+        let result = {
             let mut ring = LineRing::new(source, &self.manifest.input.mean, &inv_std);
+            let adapt = governor.as_mut().map(|g| g as &mut dyn pipeline::Adapt);
             pipeline::run_with(
                 Input::Lines(&mut ring),
                 &self.manifest,
                 &mut self.graph,
-                &self.run,
+                &run,
                 &self.buffers,
                 progress,
-                None,
+                adapt,
                 &mut sink,
             )?
         };
         let stats = source.stats();
         sink.set_extra(extra(&stats));
         let segments = sink.finish()?;
+        let batch = planned.map(|(plan, calibrated_now)| SceneBatch {
+            plan,
+            calibrated_now,
+            adjustments: governor.map(|g| g.changes).unwrap_or_default(),
+        });
         Ok(SceneOutcome {
             scene_id: info.id,
-            run,
+            run: result,
             source: stats,
             segments,
+            batch,
         })
     }
+}
+
+/// Writes a float32 BIL strip `lines x samples` of the model's band count into `dir`: each value
+/// the band's input mean plus Gaussian noise of its standard deviation (fixed seed).
+fn write_strip(dir: &Path, manifest: &Manifest, lines: usize, samples: usize) -> Result<PathBuf, JobError> {
+    use rand::{Rng, SeedableRng};
+    let bands = manifest.input.bands;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x5eed);
+    let mut values = vec![0f32; lines * bands * samples];
+    for (i, v) in values.iter_mut().enumerate() {
+        let b = (i / samples) % bands;
+        let e: f32 = rng.sample(rand_distr::StandardNormal);
+        *v = manifest.input.mean[b] + manifest.input.std[b] * e;
+    }
+    let io = |path: PathBuf| move |source| crate::map::MapError::Io { path, source };
+    let data = dir.join("strip.img");
+    std::fs::write(&data, crate::cube::encode_f32(&values)).map_err(io(data.clone()))?;
+    let mut header = Header::new(samples, lines, bands, DataType::F32, Interleave::Bil);
+    header.description = Some(format!(
+        "SYNTHETIC calibration strip for model {} (input mean + noise)",
+        manifest.name
+    ));
+    let path = dir.join("strip.hdr");
+    std::fs::write(&path, header.to_text()).map_err(io(path.clone()))?;
+    Ok(path)
 }

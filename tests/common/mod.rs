@@ -12,21 +12,27 @@ pub fn root() -> PathBuf {
 /// The `hsiedge` binary as a command; `HSIEDGE_TEST_RUNNER` (e.g. `qemu-aarch64 -L /`)
 /// prefixes it when the tests run a cross-compiled binary under emulation.
 pub fn hsiedge() -> Command {
-    let bin = env!("CARGO_BIN_EXE_hsiedge");
-    let mut c = match std::env::var("HSIEDGE_TEST_RUNNER")
-        .ok()
-        .filter(|s| !s.trim().is_empty())
-    {
-        Some(runner) => {
-            let mut parts = runner.split_whitespace();
-            let mut c = Command::new(parts.next().unwrap_or("env"));
-            c.args(parts).arg(bin);
-            c
-        }
-        None => Command::new(bin),
-    };
+    let argv = hsiedge_argv();
+    let mut c = Command::new(&argv[0]);
+    c.args(&argv[1..]);
     c.env("HSIEDGE_CACHE_DIR", no_sweep_cache());
     c
+}
+
+/// The words that start `hsiedge`: the emulator's (`HSIEDGE_TEST_RUNNER`), then the binary.
+pub fn hsiedge_argv() -> Vec<String> {
+    let mut argv: Vec<String> = emulator().unwrap_or_default();
+    argv.push(env!("CARGO_BIN_EXE_hsiedge").to_string());
+    argv
+}
+
+/// The emulator the binary runs under (`HSIEDGE_TEST_RUNNER`, e.g. `qemu-aarch64 -L /`), split
+/// into words; `None` when it runs natively.
+pub fn emulator() -> Option<Vec<String>> {
+    std::env::var("HSIEDGE_TEST_RUNNER")
+        .ok()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| s.split_whitespace().map(str::to_string).collect())
 }
 
 /// A sweep cache folder that does not exist, so a developer's cached sweeps (whose knee would cap

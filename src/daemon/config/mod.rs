@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::engine::{Arena, EngineOptions, Provider};
-use crate::job::{ModeChoice, SessionSpec};
+use crate::job::{BudgetSettings, ModeChoice, SessionBatch, SessionSpec};
 use crate::source::stream::Limits;
 use crate::source::{MAX_LINE_BYTES, check_scene_id};
 
@@ -141,8 +141,8 @@ pub struct RawModel {
     pub manifest: PathBuf,
     /// `auto`, `dense` or `patch`.
     pub mode: Option<String>,
-    /// Units per batch.
-    pub batch: Option<usize>,
+    /// Units per batch, or `"auto"`.
+    pub batch: Option<RawBatch>,
     /// Tile side.
     pub tile: Option<usize>,
     /// Intra-op threads (0: one per core).
@@ -151,6 +151,16 @@ pub struct RawModel {
     pub keep_scores: Option<bool>,
     /// Scenes this model runs at once, each on a session of its own.
     pub workers: Option<usize>,
+}
+
+/// `models.NAME.batch`: a whole number, or `"auto"`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum RawBatch {
+    /// Units per batch.
+    Units(i64),
+    /// `"auto"` (anything else is refused by validation).
+    Word(String),
 }
 
 /// Defaults of the keys left out.
@@ -326,8 +336,19 @@ impl RawConfig {
                 v => Ok(v.unwrap_or(default)),
             };
             let batch = match m.batch {
-                Some(0) => return Err(bad(&key("batch"), "must be at least 1".into())),
-                b => b,
+                None => SessionBatch::ModeDefault,
+                Some(RawBatch::Units(n)) => match usize::try_from(n) {
+                    Ok(n) if n >= 1 => SessionBatch::Fixed(n),
+                    _ => return Err(bad(&key("batch"), format!("{n} must be at least 1"))),
+                },
+                Some(RawBatch::Word(w)) if w == "auto" => SessionBatch::Auto(BudgetSettings {
+                    // Streams reuse a session: no cached sweep of another run caps it.
+                    sweep_cache: None,
+                    ..BudgetSettings::default()
+                }),
+                Some(RawBatch::Word(w)) => {
+                    return Err(bad(&key("batch"), format!("`{w}` is not a whole number or \"auto\"")));
+                }
             };
             let tile = at_least_one("tile", m.tile, crate::job::DEFAULT_TILE)?;
             let workers = at_least_one("workers", m.workers, defaults::WORKERS)?;

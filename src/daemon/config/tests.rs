@@ -71,10 +71,21 @@ fn defaults_fill_what_is_left_out_and_relative_paths_follow_the_file() {
     assert_eq!(c.intake.drain_timeout, Duration::from_secs(60));
     let m = &c.models["tiny"];
     assert_eq!(
-        (m.workers, m.session.batch, m.session.tile),
-        (1, None, crate::job::DEFAULT_TILE)
+        (m.workers, m.session.batch.clone(), m.session.tile),
+        (1, SessionBatch::ModeDefault, crate::job::DEFAULT_TILE)
     );
     assert_eq!(m.session.mode, ModeChoice::Auto);
+}
+
+#[test]
+fn batch_auto_is_chosen_by_the_budget_without_a_cached_sweep() {
+    let c = load_str(&MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = \"auto\"")).unwrap();
+    match &c.models["tiny"].session.batch {
+        SessionBatch::Auto(s) => assert_eq!((s.sweep_cache.as_ref(), s.adapt, s.sweep), (None, true, true)),
+        other => panic!("{other:?}"),
+    }
+    let c = load_str(&MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = 4")).unwrap();
+    assert_eq!(c.models["tiny"].session.batch, SessionBatch::Fixed(4));
 }
 
 #[test]
@@ -85,10 +96,7 @@ fn unknown_keys_and_wrong_types_are_refused_naming_the_key() {
             "batchsize",
         ),
         (MINIMAL.replace("[paths]", "[paths]\nspoolz = \"/x\""), "spoolz"),
-        (
-            MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = \"many\""),
-            "batch",
-        ),
+        (MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = 2.5"), "batch"),
         (MINIMAL.replace("[models.tiny]", "[models.tiny]\ntile = -3"), "tile"),
         (MINIMAL.replace("[listen]", "[listen]\nudp = \"x\""), "udp"),
         (format!("{MINIMAL}\n[intake]\nqueue = true"), "queue"),
@@ -108,6 +116,10 @@ fn values_out_of_range_are_refused_naming_the_key() {
         (MINIMAL.replace("127.0.0.1:0", "localhost"), "key `listen.tcp`"),
         (
             MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = 0"),
+            "key `models.tiny.batch`",
+        ),
+        (
+            MINIMAL.replace("[models.tiny]", "[models.tiny]\nbatch = \"many\""),
             "key `models.tiny.batch`",
         ),
         (
@@ -167,7 +179,7 @@ fn values_out_of_range_are_refused_naming_the_key() {
 fn a_reload_names_the_keys_only_a_restart_applies() {
     let a = load_str(MINIMAL).unwrap();
     let mut b = a.clone();
-    b.models.get_mut("tiny").unwrap().session.batch = Some(8);
+    b.models.get_mut("tiny").unwrap().session.batch = SessionBatch::Fixed(8);
     b.intake.segment_lines = 16;
     assert!(a.restart_only_changes(&b).is_empty());
     b.outbox = "/elsewhere".into();
