@@ -164,6 +164,11 @@ pub const TEST_ONLY: &[EnvVar] = &[
         meaning: "runs of the auto-batch memory-wall test under each cgroup limit",
     },
     EnvVar {
+        name: "HSIEDGE_LONG_TESTS",
+        default: "unset (on when `CI` is set)",
+        meaning: "`1` runs the tests that take minutes on 2 cores (HybridSN patch mode over a 610 x 340 scene in `serve`)",
+    },
+    EnvVar {
         name: "HSIEDGE_TEST_SKIP_DIR",
         default: "unset (a skipped test only prints its reason, which cargo hides)",
         meaning: "folder where skipped tests record why; `make test` sets it and prints the records",
