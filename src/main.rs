@@ -269,6 +269,10 @@ enum Command {
         /// Send the scene this many times on the connection.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
         repeat: u32,
+        /// Seconds to wait, after the last line, for the receiver to close the connection (its
+        /// confirmation that every scene was taken).
+        #[arg(long, default_value_t = 10, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(1..))]
+        close_wait: u64,
     },
     /// Serve scenes streamed by sensors until stopped (SIGTERM/SIGINT drain, SIGHUP reloads);
     /// the configuration's keys are documented in systemd/hsiedge.toml.
@@ -583,6 +587,7 @@ fn run(cli: Cli) -> Result<()> {
             duplicate,
             swap,
             repeat,
+            close_wait,
         } => {
             let opts = hsiedge::source::sensor::SensorOptions {
                 scene,
@@ -596,13 +601,13 @@ fn run(cli: Cli) -> Result<()> {
                     swap: swap.into_iter().collect(),
                 },
                 repeat,
-                close_wait: std::time::Duration::from_secs(10),
+                close_wait: std::time::Duration::from_secs(close_wait),
             };
             let report = hsiedge::source::sensor::simulate_sensor(&opts)?;
             eprintln!("{report}");
             if !report.confirmed {
                 eprintln!(
-                    "hsiedge: warning: {} did not close the connection within 10 s of the last scene: \
+                    "hsiedge: warning: {} did not close the connection within {close_wait} s of the last scene: \
                      delivery is not confirmed",
                     report.addr
                 );

@@ -167,7 +167,7 @@ fn a_configuration_that_cannot_serve_stops_the_start_with_a_clear_error() {
         "{err}"
     );
     // A wrong type.
-    std::fs::write(&config, good.replace("batch = 1", "batch = \"one\"")).unwrap();
+    std::fs::write(&config, good.replace("batch = 1", "batch = true")).unwrap();
     let err = fails(&["serve", "--config", cfg]);
     assert!(err.contains("batch") && err.contains("invalid type"), "{err}");
     // A manifest that is not there: the model is named.

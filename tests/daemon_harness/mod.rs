@@ -188,7 +188,15 @@ pub fn sensor(scene: &Path, addr: &str, extra: &[&str]) -> std::process::Output 
         .expect("spawn simulate-sensor")
 }
 
+/// Runs `simulate-sensor` and checks that the daemon took every scene: it closed the connection.
+/// The wait for that close is long: the daemon reads a scene's last lines only as its tiles need
+/// them, minutes after a fast sensor has sent them when the model is slow (an emulated CPU).
 pub fn sensor_ok(scene: &Path, addr: &str, extra: &[&str]) {
+    let extra: Vec<&str> = ["--close-wait", "900"]
+        .into_iter()
+        .chain(extra.iter().copied())
+        .collect();
+    let extra = extra.as_slice();
     let out = sensor(scene, addr, extra);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "simulate-sensor {extra:?}: {err}");

@@ -154,13 +154,34 @@ pub struct RawModel {
 }
 
 /// `models.NAME.batch`: a whole number, or `"auto"`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum RawBatch {
     /// Units per batch.
     Units(i64),
     /// `"auto"` (anything else is refused by validation).
     Word(String),
+}
+
+impl<'de> Deserialize<'de> for RawBatch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = RawBatch;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a whole number or \"auto\"")
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<RawBatch, E> {
+                Ok(RawBatch::Units(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<RawBatch, E> {
+                Ok(RawBatch::Units(i64::try_from(v).unwrap_or(i64::MAX)))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<RawBatch, E> {
+                Ok(RawBatch::Word(v.to_string()))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// Defaults of the keys left out.
