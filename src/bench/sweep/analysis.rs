@@ -7,8 +7,10 @@
 //! per-run cost (launch overhead, idle cores: launch/parallelism bound); |e| below it is the
 //! plateau (the cores are busy, more batch buys nothing); e above it means per-unit time grows
 //! with the batch, which on a fixed graph is the working set outgrowing caches, bandwidth or
-//! memory (memory bound). A step whose p5-p95 ranges overlap is reported as such: its verdict is
-//! within the noise of the machine.
+//! memory (memory bound). A rising step whose interquartile ranges overlap is within the
+//! run-to-run spread and counts as plateau; a falling one keeps its verdict (its medians fell), and
+//! the evidence says how many steps of each part overlap. Quartiles, not p5/p95: on a shared
+//! machine one slow run in nine stretches p95 over almost any step.
 
 use serde::Serialize;
 
@@ -47,6 +49,8 @@ pub struct PointStats {
     pub ms_per_unit: f64,
     /// `[p5, p95]` milliseconds per unit.
     pub ms_per_unit_p5_p95: [f64; 2],
+    /// `[p25, p75]` milliseconds per unit (the spread a step's verdict is judged against).
+    pub ms_per_unit_p25_p75: [f64; 2],
     /// Units per second at the median.
     pub units_per_s: f64,
     /// The process's anonymous resident memory (`RssAnon`) right after this size's timed runs,
@@ -75,6 +79,7 @@ impl PointStats {
             p95_s,
             ms_per_unit: per(median_s),
             ms_per_unit_p5_p95: [per(p5_s), per(p95_s)],
+            ms_per_unit_p25_p75: [per(quantile(samples_s, 0.25)), per(quantile(samples_s, 0.75))],
             units_per_s: if median_s > 0.0 { batch as f64 / median_s } else { 0.0 },
             rss_bytes: None,
             model_bytes: 0,
@@ -241,7 +246,11 @@ pub fn regimes(points: &[SweepPoint], stats: &[PointStats], wall: Option<u64>) -
     let mut parts: Vec<(usize, usize, Regime)> = Vec::new();
     for (i, p) in points.iter().enumerate() {
         let Some(e) = p.elasticity else { continue };
-        let r = Regime::of(e);
+        let mut r = Regime::of(e);
+        // A rise inside the run-to-run spread is no evidence of a memory limit.
+        if r == Regime::MemoryBound && ranges_overlap(stats.get(i), stats.get(i + 1)) {
+            r = Regime::Plateau;
+        }
         match parts.last_mut() {
             Some((_, end, last)) if *last == r && *end == i => *end = i + 1,
             _ => parts.push((i, i + 1, r)),
@@ -270,7 +279,7 @@ pub fn regimes(points: &[SweepPoint], stats: &[PointStats], wall: Option<u64>) -
                 .count();
             if overlaps > 0 {
                 evidence.push_str(&format!(
-                    "; {overlaps} of {} steps have overlapping p5-p95 ranges (within the noise)",
+                    "; {overlaps} of {} steps have overlapping interquartile ranges (within the noise)",
                     b - a
                 ));
             }
@@ -313,11 +322,11 @@ pub fn regimes(points: &[SweepPoint], stats: &[PointStats], wall: Option<u64>) -
         .collect()
 }
 
-/// Whether two sizes' per-unit p5-p95 ranges overlap.
+/// Whether two sizes' per-unit interquartile ranges overlap.
 fn ranges_overlap(a: Option<&PointStats>, b: Option<&PointStats>) -> bool {
     match (a, b) {
         (Some(a), Some(b)) => {
-            let ([a0, a1], [b0, b1]) = (a.ms_per_unit_p5_p95, b.ms_per_unit_p5_p95);
+            let ([a0, a1], [b0, b1]) = (a.ms_per_unit_p25_p75, b.ms_per_unit_p25_p75);
             a0 <= b1 && b0 <= a1
         }
         _ => false,
@@ -408,6 +417,17 @@ mod tests {
         assert_eq!(plateau(&curve(&[(1, 1.0)])), None);
         let v = curve(&[(1, 1.0), (2, 0.5), (4, 0.5), (8, 0.5)]);
         assert_eq!(plateau(&v), Some(BatchRange { from: 2, to: 8 }));
+    }
+
+    #[test]
+    fn a_rise_within_the_spread_is_plateau_not_memory_bound() {
+        let mut v = curve(&[(1, 1.0), (2, 1.2), (4, 1.5)]);
+        v[0].samples_s = vec![0.8, 1.0, 1.3];
+        v[1].samples_s = vec![2.0, 2.4, 2.6];
+        v[2].samples_s = vec![5.9, 6.0, 6.1];
+        let parts = regimes(&v, &stats(&v), None);
+        let got: Vec<(u64, u64, Regime)> = parts.iter().map(|p| (p.batches.from, p.batches.to, p.regime)).collect();
+        assert_eq!(got, [(1, 2, Regime::Plateau), (2, 4, Regime::MemoryBound)]);
     }
 
     #[test]

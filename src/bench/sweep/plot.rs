@@ -1,6 +1,6 @@
 //! `bench sweep --plot FILE.svg`: the sweep drawn with `plotters`' SVG backend.
 //!
-//! One sweep: per-unit time (median, p5-p95 bars) against batch on log axes with resident memory
+//! One sweep: per-unit time (median, p5-p95 bars) against batch on a log axis with resident memory
 //! on a second axis, then throughput against batch; the plateau is shaded, the knee and the
 //! budget's predicted wall are marked (the wall as a note at the right edge when it lies beyond
 //! the sizes measured). A power-mode sweep: per-unit time against batch, one line per mode, then
@@ -75,12 +75,15 @@ fn curve(area: &Area<'_>, r: &SweepResult) -> Result<(), String> {
         Some(w) if w > bmax && w <= bmax * 16.0 => w,
         _ => bmax,
     };
-    let ylo = r
+    // Up to the highest p95, but no more than 3x the highest median: one run slowed by a
+    // neighbour must not flatten the curve (its bar is cut at the top).
+    let top_median = r.stats.iter().map(|s| s.ms_per_unit).fold(0.0, f64::max);
+    let yhi = r
         .stats
         .iter()
-        .map(|s| s.ms_per_unit_p5_p95[0])
-        .fold(f64::INFINITY, f64::min);
-    let yhi = r.stats.iter().map(|s| s.ms_per_unit_p5_p95[1]).fold(0.0, f64::max);
+        .map(|s| s.ms_per_unit_p5_p95[1])
+        .fold(0.0, f64::max)
+        .min(3.0 * top_median);
     let mem: Vec<(f64, f64)> = r
         .stats
         .iter()
@@ -88,7 +91,8 @@ fn curve(area: &Area<'_>, r: &SweepResult) -> Result<(), String> {
         .collect();
     let mem_hi = mem.iter().map(|m| m.1).fold(1.0, f64::max) * 1.15;
     let xr = span(bmin, xmax);
-    let yr = span(ylo, yhi);
+    // Linear from 0: a log axis over less than a decade would show no tick labels.
+    let yr = 0.0..yhi * 1.1;
     let mut chart = ChartBuilder::on(area)
         .caption(
             format!(
@@ -101,13 +105,13 @@ fn curve(area: &Area<'_>, r: &SweepResult) -> Result<(), String> {
         .x_label_area_size(40)
         .y_label_area_size(70)
         .right_y_label_area_size(70)
-        .build_cartesian_2d(xr.clone().log_scale(), yr.clone().log_scale())
+        .build_cartesian_2d(xr.clone().log_scale(), yr.clone())
         .map_err(|e| e.to_string())?
         .set_secondary_coord(xr.clone().log_scale(), 0.0..mem_hi);
     chart
         .configure_mesh()
         .x_desc(format!("batch ({u}s, log)"))
-        .y_desc(format!("ms per {u} (log; median, p5-p95)"))
+        .y_desc(format!("ms per {u} (median, p5-p95)"))
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| format!("{y:.3}"))
         .draw()
@@ -179,8 +183,8 @@ fn curve(area: &Area<'_>, r: &SweepResult) -> Result<(), String> {
         Some(w) => {
             chart
                 .draw_series(std::iter::once(Text::new(
-                    format!("predicted memory wall: batch {w:.0} ->"),
-                    (bmax / 2.0, yr.end / 1.1),
+                    format!("predicted memory wall: batch {w:.0}, beyond the sizes measured ->"),
+                    (xr.start * 1.1, yr.end * 0.97),
                     ("sans-serif", 14).into_font().color(&WALL),
                 )))
                 .map_err(|e| e.to_string())?;
@@ -247,29 +251,28 @@ fn throughput(area: &Area<'_>, r: &SweepResult) -> Result<(), String> {
 
 fn modes_curve(area: &Area<'_>, p: &PowerSweep) -> Result<(), String> {
     let all = p.modes.iter().flat_map(|m| m.sweep.stats.iter());
-    let (mut bmin, mut bmax, mut ylo, mut yhi) = (f64::INFINITY, 0.0f64, f64::INFINITY, 0.0f64);
+    let (mut bmin, mut bmax, mut yhi) = (f64::INFINITY, 0.0f64, 0.0f64);
     for s in all {
         bmin = bmin.min(s.batch as f64);
         bmax = bmax.max(s.batch as f64);
-        ylo = ylo.min(s.ms_per_unit);
         yhi = yhi.max(s.ms_per_unit);
     }
     if p.modes.is_empty() || !bmin.is_finite() {
         return Err("no mode was swept".into());
     }
     let u = unit(&p.modes[0].sweep);
-    let (xr, yr) = (span(bmin, bmax), span(ylo, yhi));
+    let (xr, yr) = (span(bmin, bmax), 0.0..yhi * 1.1);
     let mut chart = ChartBuilder::on(area)
         .caption(format!("ms per {u} against batch, per power mode"), ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d(xr.log_scale(), yr.clone().log_scale())
+        .build_cartesian_2d(xr.log_scale(), yr.clone())
         .map_err(|e| e.to_string())?;
     chart
         .configure_mesh()
         .x_desc(format!("batch ({u}s, log)"))
-        .y_desc(format!("ms per {u} (log)"))
+        .y_desc(format!("ms per {u} (median)"))
         .x_label_formatter(&|x| format!("{x:.0}"))
         .y_label_formatter(&|y| format!("{y:.3}"))
         .draw()
@@ -320,13 +323,13 @@ fn energy_by_mode(area: &Area<'_>, p: &PowerSweep) -> Result<(), String> {
             .and_then(|s| s.energy)
             .map(|e| e.joules_per_pixel * 1e6)
     };
-    let yhi = p
-        .modes
-        .iter()
-        .flat_map(|m| batches.iter().filter_map(move |&b| uj(m, b)))
-        .fold(0.0, f64::max)
-        * 1.15;
-    if yhi <= 0.0 {
+    let values = || {
+        p.modes
+            .iter()
+            .flat_map(|m| batches.iter().filter_map(move |&b| uj(m, b)))
+    };
+    let (ylo, yhi) = (values().fold(f64::INFINITY, f64::min), values().fold(0.0, f64::max));
+    if !(ylo > 0.0 && yhi.is_finite()) {
         return Err("no energy readings: the platform root has no power rails".into());
     }
     let n = p.modes.len() as u32;
@@ -335,12 +338,15 @@ fn energy_by_mode(area: &Area<'_>, p: &PowerSweep) -> Result<(), String> {
         .margin(12)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d((0u32..n).into_segmented(), 0.0..yhi)
+        // n - 1: a segmented range has one segment past its end.
+        // Log: a batch of 1 costs many times what a large one does per pixel.
+        .build_cartesian_2d((0u32..n.saturating_sub(1)).into_segmented(), span(ylo, yhi).log_scale())
         .map_err(|e| e.to_string())?;
     chart
         .configure_mesh()
         .x_desc("nvpmodel mode")
-        .y_desc("uJ per pixel (module total rail)")
+        .y_desc("uJ per pixel (module total rail, log)")
+        .y_label_formatter(&|y| format!("{y:.1}"))
         .x_labels(n as usize)
         .x_label_formatter(&|v| match v {
             SegmentValue::CenterOf(i) | SegmentValue::Exact(i) => names.get(*i as usize).cloned().unwrap_or_default(),
