@@ -61,3 +61,52 @@ pub fn observe<R>(metrics: Option<&Metrics>, batch: u64, body: impl FnOnce(&mut 
     }
     r
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn done(i: usize) -> BatchDone {
+        BatchDone {
+            batches: i + 1,
+            pixels_done: (i + 1) * 16,
+            units: 16,
+            pixels: 16,
+            infer_s: 1e-3,
+            wait_s: 0.0,
+            queued: 0,
+            batch: 16,
+        }
+    }
+
+    #[test]
+    fn without_metrics_the_body_runs_alone() {
+        let mut seen = 0;
+        let r = observe(None, 16, |record| {
+            record(&done(0));
+            seen += 1;
+            7
+        });
+        assert_eq!((r, seen), (7, 1));
+    }
+
+    #[test]
+    fn a_scene_s_batches_reach_the_endpoint_s_snapshot() {
+        let latest = LatestSnapshot::new();
+        let m = Metrics::new(latest.clone());
+        assert!(latest.get().is_none());
+        let r = observe(Some(&m), 16, |record| {
+            for i in 0..5 {
+                record(&done(i));
+            }
+            "ok"
+        });
+        assert_eq!(r, "ok");
+        // The final snapshot is taken when the body returns: every batch is in it.
+        let s = latest.get().unwrap_or_default();
+        assert_eq!((s.batches, s.pixels_done, s.batch), (5, 80, 16));
+        assert_eq!(s.batch_reason, "daemon: the model's configured batch");
+        let text = latest.render();
+        assert!(text.contains("hsiedge_pixels_total 80"), "{text}");
+    }
+}
