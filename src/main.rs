@@ -445,9 +445,35 @@ enum BenchCommand {
         /// Timed runs per size.
         #[arg(long, default_value_t = 5)]
         repeat: usize,
+        /// Untimed runs per size before the timed ones.
+        #[arg(long, default_value_t = 1)]
+        warmups: usize,
         /// Stop after a size whose run takes longer than this (seconds).
         #[arg(long, default_value_t = 10.0)]
         max_run_s: f64,
+        /// Also time the manifest's fp16 graph over the same sizes and report fp16/fp32.
+        #[arg(long)]
+        fp16: bool,
+        /// Sweep under nvpmodel power modes: `all` or ids (e.g. `0,2`), from /etc/nvpmodel.conf;
+        /// energy per pixel from the module's total rail; the original mode is restored on exit,
+        /// on error and on Ctrl-C.
+        #[arg(long, value_name = "all|ID,ID")]
+        power_modes: Option<String>,
+        /// Root of the board's /etc, /sys and /var for --power-modes (recorded trees in tests).
+        #[arg(long, value_name = "DIR", default_value = "/", requires = "power_modes")]
+        platform_root: PathBuf,
+        /// The nvpmodel program for --power-modes.
+        #[arg(long, value_name = "PROG", default_value = "nvpmodel", requires = "power_modes")]
+        nvpmodel: PathBuf,
+        /// Seconds to wait after a mode switch for clocks to settle.
+        #[arg(long, default_value_t = 5.0, requires = "power_modes")]
+        settle_s: f64,
+        /// Print the power-mode plan; switch and run nothing.
+        #[arg(long, requires = "power_modes")]
+        dry_run: bool,
+        /// Draw the sweep into this SVG file.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
         /// Folder to cache the result in (default as for `classify --sweep-cache`).
         #[arg(long, value_name = "DIR")]
         cache: Option<PathBuf>,
@@ -771,7 +797,15 @@ fn run(cli: Cli) -> Result<()> {
                     tile,
                     batches,
                     repeat,
+                    warmups,
                     max_run_s,
+                    fp16,
+                    power_modes,
+                    platform_root,
+                    nvpmodel,
+                    settle_s,
+                    dry_run,
+                    plot,
                     cache,
                     no_cache,
                     reserve_mib,
@@ -779,6 +813,9 @@ fn run(cli: Cli) -> Result<()> {
                     engine,
                 },
         } => {
+            if !(settle_s.is_finite() && settle_s >= 0.0) {
+                anyhow::bail!("--settle-s {settle_s}: needs a non-negative number of seconds");
+            }
             let mode = match hsiedge::job::parse_mode(&mode)? {
                 hsiedge::job::ModeChoice::Fixed(m) => m,
                 hsiedge::job::ModeChoice::Auto => {
@@ -800,6 +837,16 @@ fn run(cli: Cli) -> Result<()> {
                     batches
                 },
                 repeat,
+                warmups,
+                fp16,
+                power: power_modes.map(|modes| hsiedge::bench::sweep::PowerOptions {
+                    modes,
+                    platform_root,
+                    nvpmodel,
+                    settle: std::time::Duration::from_secs_f64(settle_s),
+                    sample_interval: std::time::Duration::from_millis(20),
+                    dry_run,
+                }),
                 engine: engine.options()?,
                 reserve_bytes: reserve_mib.saturating_mul(1 << 20),
                 frag_margin: 0.10,
@@ -812,6 +859,9 @@ fn run(cli: Cli) -> Result<()> {
                 },
             };
             let r = hsiedge::bench::sweep::sweep(&opts)?;
+            if let Some(path) = &plot {
+                hsiedge::bench::sweep::plot::write(&r, path)?;
+            }
             print_report(&r, json)
         }
         Command::Serve { config } => Ok(hsiedge::daemon::serve(&config)?),

@@ -1,8 +1,10 @@
 //! Telemetry from the outside: `classify --telemetry FILE` writes JSON lines while the run goes
-//! on, `classify --metrics ADDR` serves a Prometheus endpoint that `promtool check metrics`
-//! accepts when scraped during the run, and bad telemetry arguments fail before any work.
+//! on, `classify --metrics ADDR` and `serve` with `[telemetry] metrics` serve a Prometheus
+//! endpoint that `promtool check metrics` accepts when scraped during a run or a streamed scene,
+//! and bad telemetry arguments fail before any work.
 
 mod common;
+mod daemon_harness;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -331,4 +333,83 @@ fn bad_telemetry_arguments_fail_before_any_work() {
     let err = base(&["--telemetry", "/no-such-dir/t.jsonl"]);
     assert!(err.contains("telemetry creating /no-such-dir/t.jsonl"), "{err}");
     assert!(!Path::new(&out).exists());
+}
+
+#[test]
+fn serve_metrics_scraped_during_a_streamed_scene_pass_promtool() {
+    use daemon_harness::{Daemon, Model, tiny, tiny_cube, write_config_with};
+    let Some(promtool) = promtool() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = tiny();
+    write_config_with(
+        dir.path(),
+        &[Model {
+            name: "tiny",
+            manifest: &manifest,
+            mode: "patch",
+            batch: 16,
+        }],
+        "",
+        "[telemetry]\nmetrics = \"127.0.0.1:0\"\n",
+    );
+    let daemon = Daemon::start(dir.path());
+    let event = daemon.wait_for("metrics", |_| true, Duration::from_secs(10));
+    let addr = event["addr"]
+        .as_str()
+        .expect("the metrics event names its address")
+        .to_string();
+    // Before any scene: an exposition without run samples, still valid.
+    let (status, idle) = http_get(&addr, "/metrics").expect("scrape before a scene");
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    let (ok, said) = promtool_check(promtool, &idle);
+    assert!(ok, "promtool on the idle endpoint: {said}\n{idle}");
+    // 300 lines at 60 lines/s: the scene streams for about five seconds.
+    let scene = tiny_cube(dir.path(), "scene", 300, 48);
+    let mut sensor = hsiedge()
+        .args(["simulate-sensor", "--scene", scene.to_str().unwrap()])
+        .args(["--rate", "60", "--connect", &daemon.tcp()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn simulate-sensor");
+    let t0 = Instant::now();
+    let body = loop {
+        let (status, body) = http_get(&addr, "/metrics").expect("scrape");
+        assert_eq!(status, "HTTP/1.1 200 OK");
+        if sample(&body, "hsiedge_pixels_total").is_some_and(|p| p > 0.0) {
+            break body;
+        }
+        assert!(
+            sensor.try_wait().ok().flatten().is_none(),
+            "the scene ended before a scrape saw pixels:\n{body}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(60), "no snapshot in 60 s:\n{body}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let during = daemon.events("scene_done").is_empty();
+    let out = sensor.wait_with_output().expect("sensor");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(during, "the scrape was not served during the scene");
+    assert_eq!(
+        sample(
+            &body,
+            "hsiedge_batch_units{reason=\"daemon: the model's configured batch\"}"
+        ),
+        Some(16.0),
+        "{body}"
+    );
+    assert!(
+        body.contains("hsiedge_batch_latency_seconds{quantile=\"0.5\"}"),
+        "{body}"
+    );
+    let (ok, said) = promtool_check(promtool, &body);
+    assert!(ok && said.trim().is_empty(), "promtool check metrics: {said}\n{body}");
+    // After the scene its final snapshot stays: every pixel of the scene.
+    daemon.wait_for("scene_done", |_| true, Duration::from_secs(60));
+    let (_, after) = http_get(&addr, "/metrics").expect("scrape after the scene");
+    assert_eq!(
+        sample(&after, "hsiedge_pixels_total"),
+        Some((300 * 48) as f64),
+        "{after}"
+    );
 }

@@ -58,6 +58,17 @@ pub enum BenchError {
     /// A benchmark setting is out of range or does not fit the model.
     #[error("{0}")]
     Setting(String),
+    /// A power-mode sweep could not read, switch or restore the mode.
+    #[error(transparent)]
+    Power(#[from] sweep::PowerError),
+    /// The sweep's plot could not be drawn or written.
+    #[error("plot {path}: {message}")]
+    Plot {
+        /// The SVG file.
+        path: PathBuf,
+        /// What went wrong.
+        message: String,
+    },
     /// The sweep cache could not be written.
     #[error("sweep cache")]
     Cache(#[source] crate::budget::knee::KneeError),

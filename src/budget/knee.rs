@@ -298,10 +298,7 @@ pub fn cpu_identity(root: &Path) -> (String, usize) {
 
 /// The nvpmodel power mode recorded under `root` (`var/lib/nvpmodel/status`, e.g. `pmode:0001`).
 pub fn power_mode(root: &Path) -> Option<String> {
-    std::fs::read_to_string(root.join("var/lib/nvpmodel/status"))
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
+    crate::platform::jetson::nvpmodel_status(root)
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ pub mod control;
 pub mod intake;
 pub mod listen;
 pub mod log;
+pub mod metrics;
 pub mod notify;
 pub mod outbox;
 mod service;
@@ -55,6 +56,9 @@ pub enum DaemonError {
         /// Why.
         source: crate::job::JobError,
     },
+    /// The `/metrics` endpoint (`telemetry.metrics`) could not be set up.
+    #[error("telemetry.metrics")]
+    Metrics(#[source] crate::telemetry::TelemetryError),
     /// A socket could not be bound.
     #[error("binding {what}")]
     Bind {

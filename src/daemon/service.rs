@@ -121,12 +121,29 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         listeners.push(Listener::Unix(listen::bind_unix(path)?, path.clone()));
     }
     let control_listener = listen::bind_unix(&config.control)?;
+    let latest = crate::telemetry::LatestSnapshot::new();
+    // Stopped when dropped, at the end of the service.
+    let _metrics_server = match config.metrics {
+        Some(addr) => {
+            let server = crate::telemetry::http::bind_local(&addr.to_string())
+                .and_then(|l| crate::telemetry::MetricsServer::start(l, latest.clone()))
+                .map_err(DaemonError::Metrics)?;
+            log::event(
+                "metrics",
+                &format!("metrics on http://{}/metrics", server.addr()),
+                serde_json::json!({"addr": server.addr().to_string()}),
+            );
+            Some(server)
+        }
+        None => None,
+    };
 
     let status = Arc::new(Status::default());
     let ctx = Arc::new(WorkerContext {
         outbox: config.outbox.clone(),
         state: config.state.clone(),
         status: status.clone(),
+        metrics: config.metrics.map(|_| super::metrics::Metrics::new(latest.clone())),
     });
     let pools = start_pools(&config, &ctx)?;
     let listening: Vec<String> = listeners.iter().map(Listener::describe).collect();
@@ -390,6 +407,7 @@ fn reload_blocking(daemon: &Mutex<Daemon>, shared: &Shared) -> serde_json::Value
         },
         models: new.models,
         path: new.path,
+        metrics: old.metrics,
     };
     shared.set_routes(routes_of(&merged, &fresh));
     d.pools = fresh;

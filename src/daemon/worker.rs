@@ -34,6 +34,8 @@ pub struct WorkerContext {
     pub state: PathBuf,
     /// Scenes in flight and totals.
     pub status: Arc<Status>,
+    /// Telemetry for the `/metrics` endpoint (`[telemetry] metrics`), if configured.
+    pub metrics: Option<super::metrics::Metrics>,
 }
 
 /// A model's running workers.
@@ -259,12 +261,14 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 inner: scene.source(),
                 lines: &entry.lines,
             };
-            let outcome = session
-                .run_stream(&mut counted, &folder, segments, &mut |px| {
+            let outcome = super::metrics::observe(ctx.metrics.as_ref(), run.batch as u64, |record| {
+                session.run_stream(&mut counted, &folder, segments, &mut |px| {
                     entry.pixels.store(px.pixels_done as u64, Ordering::Relaxed);
                     entry.batch.store(px.batch as u64, Ordering::Relaxed);
+                    record(px);
                 })
-                .map_err(|e| error_chain(&e))?;
+            })
+            .map_err(|e| error_chain(&e))?;
             scene.complete().map_err(|e| error_chain(&e))?;
             Ok::<_, String>(outcome)
         }))

@@ -82,9 +82,15 @@ pub fn parse_nvpmodel_conf(text: &str) -> Vec<PowerMode> {
     modes
 }
 
+/// The whole status line under `root` (e.g. `pmode:0002 fmode:quiet`); `None` when unrecorded
+/// or empty.
+pub fn nvpmodel_status(root: &Path) -> Option<String> {
+    read_trimmed(&under(root, NVPMODEL_STATUS)).filter(|s| !s.is_empty())
+}
+
 /// The current mode id under `root` (`pmode:0002` -> 2); `None` when unrecorded.
 pub fn current_mode(root: &Path) -> Option<u32> {
-    read_trimmed(&under(root, NVPMODEL_STATUS)).and_then(|s| {
+    nvpmodel_status(root).and_then(|s| {
         s.split_whitespace()
             .find_map(|w| w.strip_prefix("pmode:"))
             .and_then(|n| n.parse::<u32>().ok())

@@ -65,6 +65,17 @@ pub struct RawConfig {
     /// `[models.NAME]`.
     #[serde(default)]
     pub models: BTreeMap<String, RawModel>,
+    /// `[telemetry]`.
+    #[serde(default)]
+    pub telemetry: RawTelemetry,
+}
+
+/// `[telemetry]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    /// A loopback `IP:PORT` to serve Prometheus `/metrics` on; none by default.
+    pub metrics: Option<String>,
 }
 
 /// `[listen]`: where sensors connect (at least one of the two).
@@ -224,6 +235,8 @@ pub struct Config {
     pub intake: Intake,
     /// The models, by name.
     pub models: BTreeMap<String, ModelConfig>,
+    /// Where `/metrics` is served (a loopback address), if anywhere.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// `[intake]`, validated.
@@ -334,6 +347,22 @@ impl RawConfig {
             return Err(bad("paths.control", "is the same socket as listen.unix".into()));
         }
 
+        let metrics = self
+            .telemetry
+            .metrics
+            .as_deref()
+            .map(|a| match a.parse::<SocketAddr>() {
+                Ok(addr) if addr.ip().is_loopback() => Ok(addr),
+                Ok(_) => Err(bad(
+                    "telemetry.metrics",
+                    format!("`{a}` is not a loopback address (the endpoint has no authentication: use 127.0.0.1:PORT)"),
+                )),
+                Err(_) => Err(bad(
+                    "telemetry.metrics",
+                    format!("`{a}` is not IP:PORT (e.g. 127.0.0.1:9464)"),
+                )),
+            })
+            .transpose()?;
         let intake = self.intake.validate(&bad)?;
         let engine = self.engine.validate(&bad)?;
         if self.models.is_empty() {
@@ -423,6 +452,7 @@ impl RawConfig {
             control,
             intake,
             models,
+            metrics,
         })
     }
 }
@@ -546,6 +576,9 @@ impl Config {
         }
         if self.intake.max_connections != new.intake.max_connections {
             keys.push("intake.max_connections");
+        }
+        if self.metrics != new.metrics {
+            keys.push("telemetry.metrics");
         }
         keys
     }

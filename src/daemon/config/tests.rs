@@ -53,6 +53,7 @@ fn the_example_file_parses_and_validates() {
         "threads",
         "keep_scores",
         "workers",
+        "metrics",
     ] {
         assert!(
             text.lines()
@@ -185,4 +186,30 @@ fn a_reload_names_the_keys_only_a_restart_applies() {
     b.outbox = "/elsewhere".into();
     b.tcp = None;
     assert_eq!(a.restart_only_changes(&b), ["listen.tcp", "paths.outbox"]);
+}
+
+#[test]
+fn metrics_is_a_loopback_address_and_a_restart_key() {
+    let c = load_str(&format!("{MINIMAL}[telemetry]\nmetrics = \"127.0.0.1:9464\"\n")).unwrap();
+    assert_eq!(c.metrics, Some("127.0.0.1:9464".parse().unwrap()));
+    assert_eq!(load_str(MINIMAL).unwrap().metrics, None);
+    let e = load_str(&format!("{MINIMAL}[telemetry]\nmetrics = \"0.0.0.0:9464\"\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("telemetry.metrics") && e.contains("not a loopback address"),
+        "{e}"
+    );
+    let e = load_str(&format!("{MINIMAL}[telemetry]\nmetrics = \"localhost\"\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("`localhost` is not IP:PORT"), "{e}");
+    let e = load_str(&format!("{MINIMAL}[telemetry]\nport = 1\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("port"), "{e}");
+    assert_eq!(
+        load_str(MINIMAL).unwrap().restart_only_changes(&c),
+        ["telemetry.metrics"]
+    );
 }
