@@ -375,6 +375,10 @@ impl Job {
             }
             BatchChoice::Fixed(_) => None,
         };
+        if runtime.provider().on_gpu() {
+            // The governor's re-cut batches and the partial last batch run padded to a bucket.
+            graph.use_buckets(crate::engine::Buckets::up_to(run.batch));
+        }
         Ok(Self {
             spec,
             cube,
@@ -498,6 +502,8 @@ impl Job {
             load_s: self.load_s,
             write_s: 0.0,
             provider: self.runtime.provider().ort_name().into(),
+            provider_fallbacks: self.runtime.fallbacks().to_vec(),
+            precision: self.runtime.options().precision,
             ort_library: self.runtime.location().path.clone(),
             threads: self.spec.engine.threads,
             peak_rss_bytes: peak_rss_bytes(),
@@ -645,6 +651,11 @@ pub struct Summary {
     pub write_s: f64,
     /// Execution provider.
     pub provider: String,
+    /// Providers preferred over `provider` that did not register, with why (empty: the first
+    /// choice ran).
+    pub provider_fallbacks: Vec<crate::engine::Fallback>,
+    /// The model files' precision.
+    pub precision: crate::engine::Precision,
     /// The ONNX Runtime library used.
     pub ort_library: PathBuf,
     /// Intra-op threads (0 = ONNX Runtime default).

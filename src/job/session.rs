@@ -171,6 +171,7 @@ impl ModelSession {
                 "mode": self.run.mode,
                 "batch": self.run.batch,
                 "provider": self.runtime.provider().ort_name(),
+                "provider_fallbacks": self.runtime.fallbacks(),
             })
         };
         // Segments closed mid-scene say what the source had seen by then; the last, all of it.

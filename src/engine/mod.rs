@@ -7,12 +7,19 @@
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
+use ort::ep::ArbitrarilyConfigurableExecutionProvider;
+
 use ort::session::Session;
 use ort::session::builder::GraphOptimizationLevel;
 use ort::value::TensorRef;
 
-use crate::config;
 use crate::model::{self, Manifest, Role, TensorSig};
+
+mod library;
+mod provider;
+
+pub use library::*;
+pub use provider::*;
 
 /// Version of ONNX Runtime that `make ort` provisions and the docs name.
 pub const ORT_VERSION: &str = "1.31.1";
@@ -99,6 +106,30 @@ pub enum EngineError {
     /// The graph does not match its manifest.
     #[error(transparent)]
     Model(#[from] model::ModelError),
+    /// A requested execution provider did not register and the preference lists nothing after it.
+    #[error(
+        "execution provider {provider} could not be registered: {reason}\n{provider} needs {}; \
+         `hsiedge doctor --provider {provider}` checks the same registration. To fall back instead, \
+         list another provider after it (e.g. --ep {provider},cpu); every fallback is printed and \
+         recorded in summary.json",
+        provider.needs()
+    )]
+    ProviderUnavailable {
+        /// The provider.
+        provider: Provider,
+        /// ONNX Runtime's reason (for a missing library, the loader's message naming it).
+        reason: String,
+        /// Providers tried before it, and why each failed.
+        earlier: Vec<Fallback>,
+    },
+    /// `--precision fp16` for a manifest without the fp16 file of the mode.
+    #[error("{manifest}: --precision fp16 needs `files.{field}`, which this manifest does not have")]
+    NoFp16 {
+        /// The manifest.
+        manifest: PathBuf,
+        /// `patch_fp16` or `dense_fp16`.
+        field: &'static str,
+    },
     /// A run failed.
     #[error("{path}: inference on input {shape:?} failed: {message}")]
     Run {
@@ -132,219 +163,6 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         cause = c.source();
     }
     text
-}
-
-/// Where the library was found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum LibSource {
-    /// `--ort-lib`.
-    Flag,
-    /// `ORT_DYLIB_PATH`.
-    Env,
-    /// Beside the executable (or in `../lib` from it).
-    BesideExecutable,
-    /// A system library directory.
-    System,
-    /// An installed Python `onnxruntime` package.
-    Python,
-}
-
-/// A located library.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct LibLocation {
-    /// The shared object.
-    pub path: PathBuf,
-    /// How it was found.
-    pub source: LibSource,
-}
-
-/// Finds libonnxruntime: `explicit` (`--ort-lib`), then `ORT_DYLIB_PATH`, then beside the executable,
-/// then system library paths, then an installed Python `onnxruntime`: the configured interpreter's,
-/// then one under [`PYTHON_LIB_BASES`]. `hsiedge doctor` searches the same places in the same order.
-pub fn find_library(explicit: Option<&Path>) -> Result<LibLocation, EngineError> {
-    if let Some(p) = explicit {
-        return existing(p, "--ort-lib", LibSource::Flag);
-    }
-    if let Some(p) = config::ORT_DYLIB_PATH.path() {
-        return existing(&p, config::ORT_DYLIB_PATH.name, LibSource::Env);
-    }
-    let mut tried = Vec::new();
-    let mut dirs: Vec<(PathBuf, LibSource)> = Vec::new();
-    if let Ok(exe) = std::env::current_exe()
-        && let Some(dir) = exe.parent()
-    {
-        for d in beside_executable(dir) {
-            dirs.push((d, LibSource::BesideExecutable));
-        }
-    }
-    for d in system_lib_dirs() {
-        dirs.push((d, LibSource::System));
-    }
-    for (dir, source) in dirs {
-        if let Some(p) = lib_in(&dir) {
-            return Ok(LibLocation { path: p, source });
-        }
-        tried.push(dir);
-    }
-    // The interpreter's own package first, then the usual install folders: a service's
-    // environment may not have on its PATH the Python that installed the package.
-    let interpreter = python_onnxruntime_dir();
-    if interpreter.is_none() {
-        tried.push(PathBuf::from(format!(
-            "python onnxruntime package ({} -c 'import onnxruntime')",
-            config::python()
-        )));
-    }
-    for pkg in python_packages(interpreter, Path::to_path_buf) {
-        let capi = pkg.join("capi");
-        if let Some(p) = lib_in(&capi) {
-            return Ok(LibLocation {
-                path: p,
-                source: LibSource::Python,
-            });
-        }
-        tried.push(capi);
-    }
-    Err(EngineError::LibraryNotFound { tried })
-}
-
-fn existing(p: &Path, source_name: &str, source: LibSource) -> Result<LibLocation, EngineError> {
-    if p.is_file() {
-        Ok(LibLocation {
-            path: p.to_path_buf(),
-            source,
-        })
-    } else {
-        Err(EngineError::NamedLibraryMissing {
-            source_name: source_name.into(),
-            path: p.to_path_buf(),
-        })
-    }
-}
-
-/// The folders searched "beside the executable" in `exe_dir`, in order: the folder itself, an
-/// installed layout's `../lib` and `../lib/hsiedge`, and a build tree's `../ort/ARCH` and
-/// `../../ort/ARCH` (where `make ort` puts the library for `target/release/hsiedge` and
-/// `target/TRIPLE/release/hsiedge`).
-pub fn beside_executable(exe_dir: &Path) -> Vec<PathBuf> {
-    vec![
-        exe_dir.to_path_buf(),
-        exe_dir.join("../lib"),
-        exe_dir.join("../lib/hsiedge"),
-        exe_dir.join("../ort").join(std::env::consts::ARCH),
-        exe_dir.join("../../ort").join(std::env::consts::ARCH),
-    ]
-}
-
-/// The `libonnxruntime.so*` chosen in `dir`: plain `libonnxruntime.so` first, else the versioned
-/// name of the highest version (compared number by number: 1.31.1 above 1.9.0).
-pub fn lib_in(dir: &Path) -> Option<PathBuf> {
-    let plain = dir.join("libonnxruntime.so");
-    if plain.is_file() {
-        return Some(plain);
-    }
-    std::fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter_map(|p| {
-            let version: Vec<u64> = p
-                .file_name()?
-                .to_str()?
-                .strip_prefix("libonnxruntime.so.")?
-                .split('.')
-                .map(|n| n.parse().ok())
-                .collect::<Option<_>>()?;
-            p.is_file().then_some((version, p))
-        })
-        .max()
-        .map(|(_, p)| p)
-}
-
-/// The system library folders searched after `LD_LIBRARY_PATH`.
-pub const SYSTEM_LIB_DIRS: &[&str] = &[
-    "/usr/local/lib",
-    "/usr/lib",
-    "/usr/lib/x86_64-linux-gnu",
-    "/usr/lib/aarch64-linux-gnu",
-    "/usr/lib/hsiedge",
-];
-
-fn system_lib_dirs() -> Vec<PathBuf> {
-    let mut v = config::LD_LIBRARY_PATH.paths();
-    v.extend(SYSTEM_LIB_DIRS.iter().map(PathBuf::from));
-    v
-}
-
-/// The folders of the usual Python installs whose `python3*/{dist,site}-packages` are searched for an
-/// `onnxruntime` package after the configured interpreter's own.
-pub const PYTHON_LIB_BASES: &[&str] = &["/usr/lib", "/usr/local/lib", "/opt/hsiedge/venv/lib"];
-
-/// The `dist-packages` and `site-packages` folders under [`PYTHON_LIB_BASES`] that exist, in search
-/// order, as paths on the system inspected; `at` maps such a path to where it is read from here
-/// (the identity for this system, a root prefix for `hsiedge doctor --root`).
-pub fn python_site_dirs(at: impl Fn(&Path) -> PathBuf) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for base in PYTHON_LIB_BASES {
-        let Ok(entries) = std::fs::read_dir(at(Path::new(base))) else {
-            continue;
-        };
-        let mut pys: Vec<String> = entries
-            .filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().to_str().map(str::to_string))
-            .filter(|n| n.starts_with("python3"))
-            .collect();
-        pys.sort();
-        for py in pys {
-            for sub in ["dist-packages", "site-packages"] {
-                let d = Path::new(base).join(&py).join(sub);
-                if at(&d).is_dir() {
-                    out.push(d);
-                }
-            }
-        }
-    }
-    out
-}
-
-/// The `onnxruntime` package folders searched, in order: `interpreter`'s (what the configured
-/// Python reports), then one in each of [`python_site_dirs`] (`at` as there).
-pub fn python_packages(interpreter: Option<PathBuf>, at: impl Fn(&Path) -> PathBuf) -> Vec<PathBuf> {
-    let mut packages: Vec<PathBuf> = interpreter.into_iter().collect();
-    packages.extend(python_site_dirs(at).into_iter().map(|d| d.join("onnxruntime")));
-    packages
-}
-
-/// Asks the configured Python (`HSIEDGE_PYTHON`, else `python3`) where its `onnxruntime` package lives.
-pub fn python_onnxruntime_dir() -> Option<PathBuf> {
-    let python = config::python();
-    let out = std::process::Command::new(python)
-        .args([
-            "-c",
-            "import importlib.util as u, os; s = u.find_spec('onnxruntime'); print(os.path.dirname(s.origin) if s else '')",
-        ])
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()?;
-    let dir = String::from_utf8(out.stdout).ok()?.trim().to_string();
-    (!dir.is_empty()).then(|| PathBuf::from(dir))
-}
-
-/// Execution providers. Only the CPU provider exists in this build; GPU providers are added here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Provider {
-    /// ONNX Runtime's default CPU provider (MLAS).
-    Cpu,
-}
-
-impl Provider {
-    /// ONNX Runtime's name for the provider.
-    pub fn ort_name(self) -> &'static str {
-        match self {
-            Self::Cpu => "CPUExecutionProvider",
-        }
-    }
 }
 
 /// The tiling thread's default nice increment (measured on Salinas-A patch mode,
@@ -390,8 +208,12 @@ pub struct EngineOptions {
     pub ort_lib: Option<PathBuf>,
     /// Intra-op threads (0: ONNX Runtime's default, one per core).
     pub threads: usize,
-    /// Execution provider.
-    pub provider: Provider,
+    /// Execution providers in order of preference (`--ep`); a later one is a fallback.
+    pub providers: Preference,
+    /// CUDA and TensorRT settings.
+    pub gpu: GpuOptions,
+    /// The graph's precision: the manifest's fp32 or fp16 files.
+    pub precision: Precision,
     /// Let idle intra-op threads spin. Off by default: the tiling thread shares the cores, and a
     /// spinning pool starves it on small devices.
     pub spin: bool,
@@ -411,7 +233,9 @@ impl Default for EngineOptions {
         Self {
             ort_lib: None,
             threads: 0,
-            provider: Provider::Cpu,
+            providers: Preference::default(),
+            gpu: GpuOptions::default(),
+            precision: Precision::Fp32,
             spin: false,
             arena: Arena::Exact,
             memory_pattern: false,
@@ -426,6 +250,8 @@ pub struct Runtime {
     env: ort::environment::Environment,
     location: LibLocation,
     options: EngineOptions,
+    provider: Provider,
+    fallbacks: Vec<Fallback>,
 }
 
 /// The process's one ONNX Runtime environment and the library it came from.
@@ -453,11 +279,8 @@ impl Runtime {
                     requested: location.path,
                 });
             }
-            return Ok(Self {
-                env: env.clone(),
-                location,
-                options,
-            });
+            let env = env.clone();
+            return Self::with_provider(env, location, options);
         }
         let builder = ort::init_from(&location.path).map_err(|source| EngineError::Open {
             loader: match &source {
@@ -479,7 +302,62 @@ impl Runtime {
             source,
         })?;
         let _ = LOADED.set((location.clone(), env.clone()));
-        Ok(Self { env, location, options })
+        Self::with_provider(env, location, options)
+    }
+
+    /// Registers the preferred providers in order on a bare session builder (no model) and keeps
+    /// the first that registers: the same registration every session of this runtime makes, and
+    /// the one `hsiedge doctor --provider` checks. Each provider skipped is printed on stderr and
+    /// kept in [`Runtime::fallbacks`].
+    fn with_provider(
+        env: ort::environment::Environment,
+        location: LibLocation,
+        options: EngineOptions,
+    ) -> Result<Self, EngineError> {
+        let mut fallbacks: Vec<Fallback> = Vec::new();
+        let order = options.providers.providers();
+        for (i, &p) in order.iter().enumerate() {
+            match try_register(&env, p, &options.gpu) {
+                Ok(()) => {
+                    return Ok(Self {
+                        env,
+                        location,
+                        options,
+                        provider: p,
+                        fallbacks,
+                    });
+                }
+                Err(reason) => match order.get(i + 1) {
+                    Some(&next) => {
+                        let fb = Fallback {
+                            from: p,
+                            to: next,
+                            reason,
+                        };
+                        eprintln!("hsiedge: warning: {fb}");
+                        fallbacks.push(fb);
+                    }
+                    None => {
+                        return Err(EngineError::ProviderUnavailable {
+                            provider: p,
+                            reason,
+                            earlier: fallbacks,
+                        });
+                    }
+                },
+            }
+        }
+        Err(EngineError::ProviderUnavailable {
+            provider: Provider::Cpu,
+            reason: "no execution provider was listed".into(),
+            earlier: fallbacks,
+        })
+    }
+
+    /// Whether `provider` registers with this runtime's library (what [`Runtime::new`] does for
+    /// each provider it tries), with ONNX Runtime's reason when it does not.
+    pub fn check_provider(&self, provider: Provider) -> Result<(), String> {
+        try_register(&self.env, provider, &self.options.gpu)
     }
 
     /// Where the library came from.
@@ -492,13 +370,43 @@ impl Runtime {
         ort::info().to_string()
     }
 
-    /// The provider sessions use.
+    /// The provider sessions use: the first of the preference that registered.
     pub fn provider(&self) -> Provider {
-        self.options.provider
+        self.provider
+    }
+
+    /// The providers skipped before [`Runtime::provider`], with why.
+    pub fn fallbacks(&self) -> &[Fallback] {
+        &self.fallbacks
+    }
+
+    /// The options the runtime was built with.
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// The ONNX file of `role` at the configured precision: `path` itself for fp32, the
+    /// manifest's fp16 twin of it for fp16.
+    fn model_file(&self, manifest: &Manifest, role: Role, path: &Path) -> Result<PathBuf, EngineError> {
+        if self.options.precision == Precision::Fp32 {
+            return Ok(path.to_path_buf());
+        }
+        let (file, field) = match role {
+            Role::Dense => (&manifest.files.dense_fp16, "dense_fp16"),
+            _ => (&manifest.files.patch_fp16, "patch_fp16"),
+        };
+        file.as_ref()
+            .map(|f| manifest.dir.join(f))
+            .ok_or_else(|| EngineError::NoFp16 {
+                manifest: manifest.path.clone(),
+                field,
+            })
     }
 
     /// Builds a session for `path` and checks it against `manifest` in `role`.
     pub fn graph(&self, manifest: &Manifest, role: Role, path: &Path) -> Result<Graph, EngineError> {
+        let file = self.model_file(manifest, role, path)?;
+        let path = file.as_path();
         let g = |message: String| EngineError::Graph {
             path: path.to_path_buf(),
             message,
@@ -513,11 +421,16 @@ impl Runtime {
         b = b
             .with_memory_pattern(self.options.memory_pattern)
             .map_err(|e| g(e.to_string()))?;
-        b = b
-            .with_execution_providers([ort::ep::CPU::default()
+        let mut eps = Vec::new();
+        if self.provider != Provider::Cpu {
+            eps.push(dispatch(self.provider, &self.options.gpu, None).error_on_failure());
+        }
+        eps.push(
+            ort::ep::CPU::default()
                 .with_arena_allocator(self.options.arena != Arena::Off)
-                .build()])
-            .map_err(|e| g(e.to_string()))?;
+                .build(),
+        );
+        b = b.with_execution_providers(eps).map_err(|e| g(e.to_string()))?;
         if self.options.arena == Arena::Exact {
             b = b.with_env_allocators().map_err(|e| g(e.to_string()))?;
         }
@@ -558,8 +471,12 @@ impl Runtime {
         };
         model::check_io(manifest, role, path, &input, &output)?;
         let mut shrink_options = ort::session::RunOptions::new().map_err(|e| g(e.to_string()))?;
+        let shrink = match self.provider {
+            Provider::Cpu => "cpu:0".to_string(),
+            _ => format!("cpu:0;gpu:{}", self.options.gpu.device_id),
+        };
         shrink_options
-            .set("memory.enable_memory_arena_shrinkage", "cpu:0")
+            .set("memory.enable_memory_arena_shrinkage", &shrink)
             .map_err(|e| g(e.to_string()))?;
         let mut graph = Graph {
             session,
@@ -569,6 +486,8 @@ impl Runtime {
             shrink_next: false,
             shrink_options,
             arena: self.options.arena,
+            buckets: None,
+            provider: self.provider,
         };
         if role == Role::Dense {
             graph.check_halo(manifest)?;
@@ -586,6 +505,8 @@ pub struct Graph {
     shrink_next: bool,
     shrink_options: ort::session::RunOptions,
     arena: Arena,
+    buckets: Option<Buckets>,
+    provider: Provider,
 }
 
 impl std::fmt::Debug for Graph {
@@ -613,6 +534,18 @@ impl Graph {
     /// The output tensor's signature.
     pub fn output(&self) -> &TensorSig {
         &self.output
+    }
+
+    /// The provider the session runs on.
+    pub fn provider(&self) -> Provider {
+        self.provider
+    }
+
+    /// Runs every later batch at one of `buckets`' sizes, padding a smaller batch with zeros (its
+    /// extra outputs dropped), so the provider never meets a new batch shape mid-run. A batch
+    /// above the largest bucket runs as it is.
+    pub fn use_buckets(&mut self, buckets: Buckets) {
+        self.buckets = Some(buckets);
     }
 
     /// Has the CPU arena give its unused regions back to the system at the end of the next run.
@@ -655,8 +588,30 @@ impl Graph {
         Ok(())
     }
 
-    /// Runs the graph on `data` of `shape`, returning the output's shape and values.
+    /// Runs the graph on `data` of `shape`, returning the output's shape and values. With
+    /// buckets ([`Graph::use_buckets`]) a batch is padded to its bucket and the output cut back to
+    /// `shape[0]` rows.
     pub fn run(&mut self, data: &[f32], shape: &[usize]) -> Result<(Vec<usize>, Vec<f32>), EngineError> {
+        let n = shape.first().copied().unwrap_or(0);
+        let bucket = self.buckets.as_ref().and_then(|b| b.bucket_for(n)).filter(|&b| b > n && n > 0);
+        let Some(bucket) = bucket else {
+            return self.run_exact(data, shape);
+        };
+        let mut padded_shape = shape.to_vec();
+        padded_shape[0] = bucket;
+        let mut padded = Vec::with_capacity(data.len() / n * bucket);
+        padded.extend_from_slice(data);
+        padded.resize(data.len() / n * bucket, 0.0);
+        let (mut dims, mut values) = self.run_exact(&padded, &padded_shape)?;
+        if let Some(rows) = dims.first_mut() {
+            let per_row = values.len() / bucket;
+            values.truncate(per_row * n);
+            *rows = n;
+        }
+        Ok((dims, values))
+    }
+
+    fn run_exact(&mut self, data: &[f32], shape: &[usize]) -> Result<(Vec<usize>, Vec<f32>), EngineError> {
         let fail = |message: String| EngineError::Run {
             path: self.path.clone(),
             shape: shape.to_vec(),
@@ -678,61 +633,40 @@ impl Graph {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn python_site_dirs_are_the_python3_package_folders_in_search_order() {
-        let root = tempfile::tempdir().unwrap();
-        let at = |p: &Path| root.path().join(p.strip_prefix("/").unwrap());
-        for d in [
-            "/usr/local/lib/python3.11/site-packages",
-            "/usr/lib/python3.12/dist-packages",
-            "/usr/lib/python3.10/dist-packages",
-            "/usr/lib/python3.10/site-packages",
-            "/usr/lib/python2.7/dist-packages",
-            "/opt/hsiedge/venv/lib/python3.10/site-packages",
-        ] {
-            std::fs::create_dir_all(at(Path::new(d))).unwrap();
+/// `provider` with `gpu`'s options, as `ort` registers it; `profile` is the TensorRT profile's
+/// buckets, input name and per-sample shape (none when only checking that it registers).
+fn dispatch(
+    provider: Provider,
+    gpu: &GpuOptions,
+    profile: Option<(&Buckets, &str, &[usize])>,
+) -> ort::ep::ExecutionProviderDispatch {
+    match provider {
+        Provider::Cpu => ort::ep::CPU::default().build(),
+        Provider::Cuda => cuda_options(gpu)
+            .into_iter()
+            .fold(ort::ep::CUDA::default(), |ep, (k, v)| ep.with_arbitrary_config(k, v))
+            .build(),
+        Provider::Tensorrt => {
+            let options = match profile {
+                Some((b, input, sample)) => tensorrt_options(gpu, b, input, sample),
+                None => tensorrt_options(gpu, &Buckets::up_to(1), "", &[])
+                    .into_iter()
+                    .filter(|(k, _)| !k.starts_with("trt_profile"))
+                    .collect(),
+            };
+            options
+                .into_iter()
+                .fold(ort::ep::TensorRT::default(), |ep, (k, v)| ep.with_arbitrary_config(k, v))
+                .build()
         }
-        // A file, not a folder: not a package folder.
-        std::fs::create_dir_all(at(Path::new("/usr/lib/python3.9"))).unwrap();
-        std::fs::write(at(Path::new("/usr/lib/python3.9/dist-packages")), b"").unwrap();
-        let got = python_site_dirs(at);
-        let want: Vec<PathBuf> = [
-            "/usr/lib/python3.10/dist-packages",
-            "/usr/lib/python3.10/site-packages",
-            "/usr/lib/python3.12/dist-packages",
-            "/usr/local/lib/python3.11/site-packages",
-            "/opt/hsiedge/venv/lib/python3.10/site-packages",
-        ]
-        .iter()
-        .map(PathBuf::from)
-        .collect();
-        assert_eq!(got, want);
     }
+}
 
-    #[test]
-    fn the_highest_version_is_chosen_number_by_number() {
-        let dir = tempfile::tempdir().unwrap();
-        for n in [
-            "libonnxruntime.so.1.9.0",
-            "libonnxruntime.so.1.31.1",
-            "libonnxruntime.so.1.x",
-            "other.so",
-        ] {
-            std::fs::write(dir.path().join(n), b"").unwrap();
-        }
-        assert_eq!(lib_in(dir.path()), Some(dir.path().join("libonnxruntime.so.1.31.1")));
-        std::fs::write(dir.path().join("libonnxruntime.so"), b"").unwrap();
-        assert_eq!(lib_in(dir.path()), Some(dir.path().join("libonnxruntime.so")));
-    }
-
-    #[test]
-    fn a_build_tree_finds_the_library_make_ort_provisions() {
-        let dirs = beside_executable(Path::new("/src/target/release"));
-        let ort = Path::new("/src/target/release/../ort").join(std::env::consts::ARCH);
-        assert!(dirs.contains(&ort), "{dirs:?}");
-    }
+/// Registers `provider` on a bare session builder, returning ONNX Runtime's reason on failure.
+fn try_register(env: &ort::environment::Environment, provider: Provider, gpu: &GpuOptions) -> Result<(), String> {
+    let builder = Session::builder(env).map_err(|e| e.to_string())?;
+    builder
+        .with_execution_providers([dispatch(provider, gpu, None).error_on_failure()])
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
