@@ -347,7 +347,7 @@ impl Job {
         // A batch larger than the scene holds only empty room (and `--batch 100000000` would
         // ask the allocator for it up front).
         run.batch = run.batch.min(pipeline::units(&cube, &manifest, &run).max(1));
-        let runtime = Runtime::new(spec.engine.clone())?;
+        let runtime = Runtime::new(gpu_bounded(&spec.engine, &spec.budget))?;
         let graph = match mode {
             Mode::Patch => runtime.graph(&manifest, Role::Patch, &manifest.patch_path())?,
             Mode::Dense => {
@@ -610,6 +610,22 @@ pub fn peak_rss_bytes() -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
         })
         .map_or(0, |kib| kib * 1024)
+}
+
+/// `engine` with the CUDA provider's arena bounded by the budget when no bound was given: the
+/// device's free memory less the fragmentation margin, on a discrete GPU. An integrated GPU (a
+/// Jetson) shares the host's memory, which the host-side budget already governs, so it is left as
+/// given.
+pub fn gpu_bounded(engine: &EngineOptions, budget: &BudgetSettings) -> EngineOptions {
+    let mut e = engine.clone();
+    if e.gpu.mem_limit.is_none()
+        && e.providers.first().on_gpu()
+        && let Ok(Some(d)) = crate::gpu::probe(e.gpu.device_id as usize)
+        && let Some(free) = d.budget_bytes()
+    {
+        e.gpu.mem_limit = Some((free as f64 * (1.0 - budget.frag_margin)) as u64);
+    }
+    e
 }
 
 /// What a job did, as written to `summary.json` and printed by `--json`.
