@@ -7,8 +7,10 @@ G=$PWD/.gpu
 R=/tmp/gpu-results
 rm -rf "$R" && mkdir -p "$R" /tmp/ortgpu
 if [ ! -f /tmp/ortgpu/libonnxruntime.so.1.31.1 ]; then
-  cat /tmp/ortparts/* | xz -d | tar -x -C /tmp/ortgpu || echo "unpack failed"
+  mkdir -p /tmp/ortparts && cp "$G"/part* /tmp/ortparts/ 2>/dev/null
+  cat /tmp/ortparts/part* | xz -d | tar -x -C /tmp/ortgpu || echo "unpack failed"
 fi
+ls -la /tmp/ortgpu
 export ORT_DYLIB_PATH=/tmp/ortgpu/libonnxruntime.so.1.31.1
 export LD_LIBRARY_PATH=/tmp/ortgpu:/usr/local/cuda/lib64:/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}
 export HSIEDGE_CACHE_DIR=/tmp/no-sweep-cache
@@ -50,19 +52,31 @@ json.dump(out, open(f"{R}/agreement.json", "w"), indent=1)
 print(json.dumps(out, indent=1))
 PY
 step bench
-for ep in cpu cuda; do
-  for p in fp32 fp16; do
-    [ $ep = cpu ] && [ $p = fp16 ] && continue
-    timeout 120 $B bench classify "$S" --model "$M" --no-python --json --ep $ep --precision $p --batch 1024 --dense-batch 16 \
-      --repeat 20 > "$R/bench_${ep}_$p.json" 2> "$R/bench_${ep}_$p.err"; echo "bench $ep $p rc=$?"; tail -3 "$R/bench_${ep}_$p.err"
-  done
+bench() {
+  local name=$1; shift
+  timeout 150 $B bench classify "$S" --model "$M" --no-python --json --batch 1024 --dense-batch 16 --repeat 20 "$@" \
+    > "$R/bench_$name.json" 2> "$R/bench_$name.err"; echo "bench $name rc=$?"; tail -3 "$R/bench_$name.err"
+}
+bench cpu --ep cpu
+bench cuda_fp32_heuristic --ep cuda --cudnn-conv-algo-search heuristic
+bench cuda_fp32_exhaustive --ep cuda --cudnn-conv-algo-search exhaustive
+bench cuda_fp16_heuristic --ep cuda --precision fp16 --cudnn-conv-algo-search heuristic
+bench cuda_fp16_exhaustive --ep cuda --precision fp16 --cudnn-conv-algo-search exhaustive
+step sweep
+( while sleep 0.1; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; done ) > "$R/sweep_mem_used_mib.txt" 2>/dev/null &
+SP=$!
+for mode in patch dense; do
+  timeout 150 $B bench sweep --model "$M" --mode $mode --ep cuda --no-cache --json --max-run-s 5 \
+    > "$R/sweep_cuda_$mode.json" 2> "$R/sweep_cuda_$mode.err"; echo "sweep $mode rc=$?"; tail -3 "$R/sweep_cuda_$mode.err"
 done
+kill $SP
 step nvml-peak
 ( while sleep 0.05; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; done ) > "$R/mem_used_mib.txt" 2>/dev/null &
 MP=$!
 $B classify "$S" --model "$M" --out /tmp/o/mem --mode dense --batch 16 --ep cuda --gpu-mem-limit-mib 8192 --json > "$R/classify_8gib.json"; echo "8GiB limit rc=$?"
 kill $MP
 step pytorch
-cd "$R" && OUT="$R" timeout 300 python3 "$G/gpu_baseline.py" > "$R/gpu_baseline.log" 2>&1; echo "baseline rc=$?"; tail -5 "$R/gpu_baseline.log"
+# gpu_baseline.py's HybridSN parts (its whole run, cnn3d and the OOM searches included, outlasts 300 s).
+cd "$R" && OUT="$R" PYTHONUNBUFFERED=1 timeout 300 python3 "$G/baseline_subset.py" > "$R/gpu_baseline.log" 2>&1; echo "baseline rc=$?"; tail -5 "$R/gpu_baseline.log"
 tar -C /tmp -czf "$OUT/gpu-results.tar.gz" gpu-results
 ls -la "$R"

@@ -100,6 +100,7 @@ impl EngineArgs {
                 trt_int8: self.trt_int8,
                 trt_cache_dir: self.trt_cache_dir.clone(),
                 trt_workspace: None,
+                trt_profile: None,
             },
             precision: self.precision,
             spin: self.spin,
@@ -330,6 +331,28 @@ enum Command {
     },
     /// List the environment variables hsiedge reads.
     Env,
+    /// Builds a model's TensorRT engine for a fixed profile (batch buckets up to --batch, the
+    /// tile's window) and writes it as an EPContext model, so a device starts from a prebuilt
+    /// engine. Needs the TensorRT provider (`hsiedge doctor --provider tensorrt`).
+    BuildEngine {
+        /// Model manifest.
+        #[arg(long)]
+        model: PathBuf,
+        /// patch or dense.
+        #[arg(long, default_value = "patch")]
+        mode: String,
+        /// Largest batch the profile covers (patches, or tiles in dense mode).
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_PATCH_BATCH)]
+        batch: usize,
+        /// Tile side in output pixels (dense mode).
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_TILE)]
+        tile: usize,
+        /// The EPContext model to write.
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
     /// The GPU: what the device reports, and its kernels checked against the CPU reference.
     Gpu {
         #[command(subcommand)]
@@ -901,6 +924,32 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 anyhow::bail!("a GPU kernel disagrees with the CPU reference (seed {seed})")
             }
+        }
+        Command::BuildEngine {
+            model,
+            mode,
+            batch,
+            tile,
+            out,
+            engine,
+        } => {
+            let manifest = hsiedge::model::Manifest::load(&model)?;
+            let mut options = engine.options()?;
+            options.gpu.trt_profile = Some((batch, tile));
+            let runtime = hsiedge::engine::Runtime::new(options)?;
+            let (role, path) = match mode.as_str() {
+                "patch" => (hsiedge::model::Role::Patch, manifest.patch_path()),
+                "dense" => (
+                    hsiedge::model::Role::Dense,
+                    manifest
+                        .dense_path()
+                        .with_context(|| format!("{}: no dense twin (files.dense)", model.display()))?,
+                ),
+                other => anyhow::bail!("--mode `{other}`: expected patch or dense"),
+            };
+            let written = runtime.build_engine(&manifest, role, &path, &out)?;
+            println!("EPContext model written to {}", written.display());
+            Ok(())
         }
         Command::Env => {
             for v in hsiedge::config::ALL {

@@ -354,6 +354,42 @@ impl Runtime {
         })
     }
 
+    /// Builds the TensorRT engine of `path` (role `role`) for the profile in the options'
+    /// `gpu.trt_profile`, and writes it as an EPContext model at `out` (the engine embedded), so a
+    /// device starts from a prebuilt engine instead of building one at its first session.
+    pub fn build_engine(&self, manifest: &Manifest, role: Role, path: &Path, out: &Path) -> Result<PathBuf, EngineError> {
+        let file = self.model_file(manifest, role, path)?;
+        if let Err(reason) = try_register(&self.env, Provider::Tensorrt, &self.options.gpu) {
+            return Err(EngineError::ProviderUnavailable {
+                provider: Provider::Tensorrt,
+                reason,
+                earlier: Vec::new(),
+            });
+        }
+        let g = |message: String| EngineError::Graph {
+            path: file.clone(),
+            message,
+        };
+        let (buckets, input, sample) = trt_profile(manifest, role, &file, &self.options.gpu)?;
+        let ep = tensorrt_options(&self.options.gpu, &buckets, &input, &sample)
+            .into_iter()
+            .chain([
+                ("trt_dump_ep_context_model", "1".to_string()),
+                ("trt_ep_context_file_path", out.display().to_string()),
+                ("trt_ep_context_embed_mode", "1".to_string()),
+            ])
+            .fold(ort::ep::TensorRT::default(), |ep, (k, v)| ep.with_arbitrary_config(k, v))
+            .build()
+            .error_on_failure();
+        Session::builder(&self.env)
+            .map_err(|e| g(e.to_string()))?
+            .with_execution_providers([ep])
+            .map_err(|e| g(e.to_string()))?
+            .commit_from_file(&file)
+            .map_err(|e| g(e.to_string()))?;
+        Ok(out.to_path_buf())
+    }
+
     /// Whether `provider` registers with this runtime's library (what [`Runtime::new`] does for
     /// each provider it tries), with ONNX Runtime's reason when it does not.
     pub fn check_provider(&self, provider: Provider) -> Result<(), String> {
@@ -422,7 +458,10 @@ impl Runtime {
             .with_memory_pattern(self.options.memory_pattern)
             .map_err(|e| g(e.to_string()))?;
         let mut eps = Vec::new();
-        if self.provider != Provider::Cpu {
+        if self.provider == Provider::Tensorrt {
+            let (buckets, input, sample) = trt_profile(manifest, role, path, &self.options.gpu)?;
+            eps.push(dispatch(self.provider, &self.options.gpu, Some((&buckets, &input, &sample))).error_on_failure());
+        } else if self.provider != Provider::Cpu {
             eps.push(dispatch(self.provider, &self.options.gpu, None).error_on_failure());
         }
         eps.push(
@@ -649,10 +688,7 @@ fn dispatch(
         Provider::Tensorrt => {
             let options = match profile {
                 Some((b, input, sample)) => tensorrt_options(gpu, b, input, sample),
-                None => tensorrt_options(gpu, &Buckets::up_to(1), "", &[])
-                    .into_iter()
-                    .filter(|(k, _)| !k.starts_with("trt_profile"))
-                    .collect(),
+                None => tensorrt_options(gpu, &Buckets::up_to(1), "", &[]),
             };
             options
                 .into_iter()
@@ -662,6 +698,39 @@ fn dispatch(
     }
 }
 
+/// The TensorRT profile of `path` in `role`: the buckets up to the configured largest batch, the
+/// graph's input name (read from the ONNX file) and one sample's shape.
+fn trt_profile(
+    manifest: &Manifest,
+    role: Role,
+    path: &Path,
+    gpu: &GpuOptions,
+) -> Result<(Buckets, String, Vec<usize>), EngineError> {
+    let g = |message: String| EngineError::Graph {
+        path: path.to_path_buf(),
+        message,
+    };
+    let (max_batch, tile) = gpu.trt_profile.unwrap_or(match role {
+        Role::Dense => (1, 64),
+        _ => (32, 64),
+    });
+    let side = match role {
+        Role::Dense => tile + 2 * manifest.halo,
+        _ => manifest.patch,
+    };
+    let model = crate::graph::load_model(path).map_err(|e| g(e.to_string()))?;
+    let graph = model.graph.ok_or_else(|| g("has no graph".into()))?;
+    let weights: std::collections::HashSet<&str> = graph.initializer.iter().map(|t| t.name.as_str()).collect();
+    let input = graph
+        .input
+        .iter()
+        .map(|i| i.name.clone())
+        .find(|n| !weights.contains(n.as_str()))
+        .ok_or_else(|| g("has no input".into()))?;
+    let shape = manifest.input.layout.shape(1, manifest.input.bands, side, side);
+    Ok((Buckets::up_to(max_batch), input, shape[1..].to_vec()))
+}
+
 /// Registers `provider` on a bare session builder, returning ONNX Runtime's reason on failure.
 fn try_register(env: &ort::environment::Environment, provider: Provider, gpu: &GpuOptions) -> Result<(), String> {
     let builder = Session::builder(env).map_err(|e| e.to_string())?;
@@ -669,4 +738,41 @@ fn try_register(env: &ort::environment::Environment, provider: Provider, gpu: &G
         .with_execution_providers([dispatch(provider, gpu, None).error_on_failure()])
         .map(drop)
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_padded_to_its_bucket_gives_the_unpadded_outputs() {
+        let manifest =
+            Manifest::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("models/hybridsn_salinas_a/manifest.json"))
+                .unwrap();
+        let rt = match Runtime::new(EngineOptions {
+            threads: 1,
+            ..EngineOptions::default()
+        }) {
+            Ok(rt) => rt,
+            Err(e @ EngineError::LibraryNotFound { .. }) => {
+                eprintln!("skipped: {e}");
+                return;
+            }
+            Err(e) => panic!("{e}"),
+        };
+        let mut g = rt.graph(&manifest, Role::Patch, &manifest.patch_path()).unwrap();
+        let shape = manifest.input.layout.shape(3, manifest.input.bands, manifest.patch, manifest.patch);
+        let data: Vec<f32> = (0..shape.iter().product::<usize>())
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        let (want_shape, want) = g.run(&data, &shape).unwrap();
+        g.use_buckets(Buckets::up_to(8));
+        let (got_shape, got) = g.run(&data, &shape).unwrap();
+        assert_eq!(got_shape, want_shape);
+        assert_eq!(got_shape[0], 3);
+        assert_eq!(got.len(), want.len());
+        for (a, b) in got.iter().zip(&want) {
+            assert!((a - b).abs() <= 1e-4 * b.abs().max(1.0), "{a} against {b}");
+        }
+    }
 }

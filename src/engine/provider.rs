@@ -237,6 +237,9 @@ pub struct GpuOptions {
     pub trt_cache_dir: Option<PathBuf>,
     /// TensorRT: builder workspace bound, bytes (`None`: TensorRT's default, 1 GiB).
     pub trt_workspace: Option<u64>,
+    /// TensorRT: the largest batch and the tile side the optimisation profile covers (`None`:
+    /// the defaults of `classify`, 32 patches or 1 tile of 64).
+    pub trt_profile: Option<(usize, usize)>,
 }
 
 /// The CUDA provider's options as ONNX Runtime's keys and values.
@@ -279,6 +282,10 @@ pub fn tensorrt_options(
         ("trt_profile_max_shapes", shape(buckets.largest())),
         ("trt_cuda_graph_enable", u8::from(o.cuda_graph).to_string()),
     ];
+    if input.is_empty() {
+        // Only checking that the provider registers: no graph, no profile.
+        v.retain(|(k, _)| !k.starts_with("trt_profile"));
+    }
     if let Some(dir) = &o.trt_cache_dir {
         let d = dir.display().to_string();
         v.push(("trt_engine_cache_enable", "1".into()));
