@@ -41,9 +41,18 @@ fn tensorrt_alone_is_an_error_naming_the_libraries_it_needs() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
     let err = fails(&classify_args(&scene, &model, &out, "patch", "tensorrt"));
-    assert!(err.contains("execution provider tensorrt could not be registered"), "{err}");
-    assert!(err.contains("libnvinfer.so.10") && err.contains("libnvonnxparser.so.10"), "{err}");
-    assert!(err.contains("--ep tensorrt,cpu"), "the documented fallback is named: {err}");
+    assert!(
+        err.contains("execution provider tensorrt could not be registered"),
+        "{err}"
+    );
+    assert!(
+        err.contains("libnvinfer.so.10") && err.contains("libnvonnxparser.so.10"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--ep tensorrt,cpu"),
+        "the documented fallback is named: {err}"
+    );
     assert!(!out.join("current").exists(), "no output set after a failed start");
 }
 
@@ -63,7 +72,10 @@ fn a_listed_fallback_is_printed_and_recorded_in_the_summary() {
     assert_eq!(s["provider"], "CPUExecutionProvider");
     let fb = s["provider_fallbacks"].as_array().unwrap();
     assert_eq!(fb.len(), 1, "{s}");
-    assert_eq!((fb[0]["from"].as_str(), fb[0]["to"].as_str()), (Some("tensorrt"), Some("cpu")));
+    assert_eq!(
+        (fb[0]["from"].as_str(), fb[0]["to"].as_str()),
+        (Some("tensorrt"), Some("cpu"))
+    );
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(written["provider_fallbacks"], s["provider_fallbacks"]);
@@ -94,7 +106,11 @@ fn doctor_checks_the_registration_the_engine_makes() {
 fn cuda_missing() -> Option<String> {
     let o = run(&["doctor", "--provider", "cuda", "--json"]);
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).ok()?;
-    let ort = report["checks"].as_array()?.iter().find(|c| c["name"] == "onnxruntime")?.clone();
+    let ort = report["checks"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == "onnxruntime")?
+        .clone();
     let text = ort.to_string();
     (!text.contains("CUDAExecutionProvider registers")).then_some(text)
 }
@@ -123,7 +139,10 @@ fn cuda_classify_gives_the_cpu_labels_fp32_and_reports_fp16() {
             assert_eq!(got.len(), cpu.len());
             let same = got.iter().zip(&cpu).filter(|(a, b)| a == b).count();
             let agreement = same as f64 / cpu.len() as f64;
-            eprintln!("GPU-RESULT agreement mode={mode} precision={precision} {agreement:.6} ({same} of {})", cpu.len());
+            eprintln!(
+                "GPU-RESULT agreement mode={mode} precision={precision} {agreement:.6} ({same} of {})",
+                cpu.len()
+            );
             if precision == "fp32" {
                 assert!(agreement >= 0.999, "{mode} fp32 agreement {agreement}");
             }

@@ -357,7 +357,13 @@ impl Runtime {
     /// Builds the TensorRT engine of `path` (role `role`) for the profile in the options'
     /// `gpu.trt_profile`, and writes it as an EPContext model at `out` (the engine embedded), so a
     /// device starts from a prebuilt engine instead of building one at its first session.
-    pub fn build_engine(&self, manifest: &Manifest, role: Role, path: &Path, out: &Path) -> Result<PathBuf, EngineError> {
+    pub fn build_engine(
+        &self,
+        manifest: &Manifest,
+        role: Role,
+        path: &Path,
+        out: &Path,
+    ) -> Result<PathBuf, EngineError> {
         let file = self.model_file(manifest, role, path)?;
         if let Err(reason) = try_register(&self.env, Provider::Tensorrt, &self.options.gpu) {
             return Err(EngineError::ProviderUnavailable {
@@ -378,7 +384,9 @@ impl Runtime {
                 ("trt_ep_context_file_path", out.display().to_string()),
                 ("trt_ep_context_embed_mode", "1".to_string()),
             ])
-            .fold(ort::ep::TensorRT::default(), |ep, (k, v)| ep.with_arbitrary_config(k, v))
+            .fold(ort::ep::TensorRT::default(), |ep, (k, v)| {
+                ep.with_arbitrary_config(k, v)
+            })
             .build()
             .error_on_failure();
         Session::builder(&self.env)
@@ -632,7 +640,11 @@ impl Graph {
     /// `shape[0]` rows.
     pub fn run(&mut self, data: &[f32], shape: &[usize]) -> Result<(Vec<usize>, Vec<f32>), EngineError> {
         let n = shape.first().copied().unwrap_or(0);
-        let bucket = self.buckets.as_ref().and_then(|b| b.bucket_for(n)).filter(|&b| b > n && n > 0);
+        let bucket = self
+            .buckets
+            .as_ref()
+            .and_then(|b| b.bucket_for(n))
+            .filter(|&b| b > n && n > 0);
         let Some(bucket) = bucket else {
             return self.run_exact(data, shape);
         };
@@ -692,7 +704,9 @@ fn dispatch(
             };
             options
                 .into_iter()
-                .fold(ort::ep::TensorRT::default(), |ep, (k, v)| ep.with_arbitrary_config(k, v))
+                .fold(ort::ep::TensorRT::default(), |ep, (k, v)| {
+                    ep.with_arbitrary_config(k, v)
+                })
                 .build()
         }
     }
@@ -761,7 +775,10 @@ mod tests {
             Err(e) => panic!("{e}"),
         };
         let mut g = rt.graph(&manifest, Role::Patch, &manifest.patch_path()).unwrap();
-        let shape = manifest.input.layout.shape(3, manifest.input.bands, manifest.patch, manifest.patch);
+        let shape = manifest
+            .input
+            .layout
+            .shape(3, manifest.input.bands, manifest.patch, manifest.patch);
         let data: Vec<f32> = (0..shape.iter().product::<usize>())
             .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
             .collect();

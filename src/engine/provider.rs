@@ -73,7 +73,9 @@ impl FromStr for Provider {
             "cpu" => Ok(Self::Cpu),
             "cuda" => Ok(Self::Cuda),
             "tensorrt" | "trt" => Ok(Self::Tensorrt),
-            other => Err(format!("`{other}` is not an execution provider (cpu, cuda or tensorrt)")),
+            other => Err(format!(
+                "`{other}` is not an execution provider (cpu, cuda or tensorrt)"
+            )),
         }
     }
 }
@@ -187,7 +189,9 @@ impl FromStr for ConvSearch {
             "heuristic" => Ok(Self::Heuristic),
             "exhaustive" => Ok(Self::Exhaustive),
             "default" => Ok(Self::Default),
-            other => Err(format!("`{other}` is not a cuDNN search (heuristic, exhaustive or default)")),
+            other => Err(format!(
+                "`{other}` is not a cuDNN search (heuristic, exhaustive or default)"
+            )),
         }
     }
 }

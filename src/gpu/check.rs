@@ -76,13 +76,21 @@ fn preprocess_case<T: DeviceSample>(
     interleave: Interleave,
     swap: bool,
 ) -> Result<Case, GpuError> {
-    let dims = (rng.random_range(3..40), rng.random_range(3..50), rng.random_range(1..210));
+    let dims = (
+        rng.random_range(3..40),
+        rng.random_range(3..50),
+        rng.random_range(1..210),
+    );
     let n = dims.0 * dims.1 * dims.2;
     let raw: Vec<T> = (0..n).map(|_| gen_value(rng)).collect();
     let mean: Vec<f32> = (0..dims.2).map(|_| rng.random_range(-500.0..3000.0)).collect();
     let inv_std: Vec<f32> = (0..dims.2).map(|_| 1.0 / rng.random_range(0.5..900.0f32)).collect();
     let want = reference::preprocess(&raw, interleave, dims, &mean, &inv_std);
-    let upload: Vec<T> = if swap { raw.iter().map(|v| v.swapped()).collect() } else { raw };
+    let upload: Vec<T> = if swap {
+        raw.iter().map(|v| v.swapped()).collect()
+    } else {
+        raw
+    };
     let s = k.stream();
     let d_raw = s.clone_htod(&upload).map_err(driver("cuMemcpyHtoD"))?;
     let d_mean = s.clone_htod(&mean).map_err(driver("cuMemcpyHtoD"))?;
@@ -108,8 +116,14 @@ fn preprocess_case<T: DeviceSample>(
 }
 
 fn argmax_case(k: &Kernels, rng: &mut rand::rngs::StdRng, logits: bool) -> Result<Case, GpuError> {
-    let (n, classes, pixels) = (rng.random_range(1..9), rng.random_range(2..20), rng.random_range(1..5000));
-    let mut scores: Vec<f32> = (0..n * classes * pixels).map(|_| rng.random_range(-20.0..20.0)).collect();
+    let (n, classes, pixels) = (
+        rng.random_range(1..9),
+        rng.random_range(2..20),
+        rng.random_range(1..5000),
+    );
+    let mut scores: Vec<f32> = (0..n * classes * pixels)
+        .map(|_| rng.random_range(-20.0..20.0))
+        .collect();
     // A few ties and non-finite scores: the first maximum wins, a non-finite pixel is flagged.
     for _ in 0..8 {
         let i = rng.random_range(0..scores.len());
@@ -122,7 +136,9 @@ fn argmax_case(k: &Kernels, rng: &mut rand::rngs::StdRng, logits: bool) -> Resul
     let (want_c, want_p) = reference::argmax_confidence(&scores, n, classes, pixels, logits);
     let s = k.stream();
     let d_scores = s.clone_htod(&scores).map_err(driver("cuMemcpyHtoD"))?;
-    let mut cls = s.clone_htod(&vec![0xDEAD_BEEFu32; n * pixels]).map_err(driver("cuMemcpyHtoD"))?;
+    let mut cls = s
+        .clone_htod(&vec![0xDEAD_BEEFu32; n * pixels])
+        .map_err(driver("cuMemcpyHtoD"))?;
     let mut conf = s.clone_htod(&vec![-1f32; n * pixels]).map_err(driver("cuMemcpyHtoD"))?;
     k.argmax(&d_scores, (n, classes, pixels), logits, &mut cls, &mut conf)?;
     let got_c = s.clone_dtoh(&cls).map_err(driver("cuMemcpyDtoH"))?;
@@ -140,7 +156,10 @@ fn argmax_case(k: &Kernels, rng: &mut rand::rngs::StdRng, logits: bool) -> Resul
     }
     Ok(Case {
         kernel: "argmax_confidence".into(),
-        variant: format!("{} {n}x{classes}x{pixels}", if logits { "logits" } else { "probabilities" }),
+        variant: format!(
+            "{} {n}x{classes}x{pixels}",
+            if logits { "logits" } else { "probabilities" }
+        ),
         values: n * pixels,
         mismatches,
         max_rel_err,
@@ -196,7 +215,13 @@ pub fn run(ordinal: usize, seed: u64) -> Result<Report, GpuError> {
         for swap in [false, true] {
             cases.push(preprocess_case::<i16>(&k, &mut rng, |r| r.random(), il, swap)?);
             cases.push(preprocess_case::<u16>(&k, &mut rng, |r| r.random(), il, swap)?);
-            cases.push(preprocess_case::<f32>(&k, &mut rng, |r| r.random_range(-1e4..1e4), il, swap)?);
+            cases.push(preprocess_case::<f32>(
+                &k,
+                &mut rng,
+                |r| r.random_range(-1e4..1e4),
+                il,
+                swap,
+            )?);
         }
     }
     for logits in [true, false] {

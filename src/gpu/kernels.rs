@@ -196,7 +196,14 @@ impl Kernels {
         let m32 = u32::try_from(m).map_err(|_| bad(format!("{m} pixels do not fit one launch")))?;
         let lg = i32::from(logits);
         let mut launch = self.stream.launch_builder(&self.argmax);
-        launch.arg(scores).arg(&n32).arg(&k32).arg(&p32).arg(&lg).arg(cls).arg(conf);
+        launch
+            .arg(scores)
+            .arg(&n32)
+            .arg(&k32)
+            .arg(&p32)
+            .arg(&lg)
+            .arg(cls)
+            .arg(conf);
         // SAFETY: the arguments match `argmax_confidence` in argmax.cu (a float pointer, four ints,
         // a uint pointer, a float pointer); `scores` holds n * k * pixels values and `cls`, `conf`
         // n * pixels each (checked above), and threads past n * pixels return at once.

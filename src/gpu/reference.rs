@@ -38,7 +38,15 @@ impl RawSample for f32 {
 }
 
 /// Index of (line `y`, sample `x`, band `b`) in a tile of `interleave`.
-pub fn raw_index(interleave: Interleave, lines: usize, samples: usize, bands: usize, y: usize, x: usize, b: usize) -> usize {
+pub fn raw_index(
+    interleave: Interleave,
+    lines: usize,
+    samples: usize,
+    bands: usize,
+    y: usize,
+    x: usize,
+    b: usize,
+) -> usize {
     match interleave {
         Interleave::Bsq => (b * lines + y) * samples + x,
         Interleave::Bil => (y * bands + b) * samples + x,

@@ -481,7 +481,9 @@ impl RawEngine {
         };
         let conv_search = match self.cudnn_conv_algo_search.as_deref() {
             None => ConvSearch::default(),
-            Some(c) => c.parse::<ConvSearch>().map_err(|e| bad("engine.cudnn_conv_algo_search", e))?,
+            Some(c) => c
+                .parse::<ConvSearch>()
+                .map_err(|e| bad("engine.cudnn_conv_algo_search", e))?,
         };
         let precision = match self.precision.as_deref() {
             None => Precision::default(),
