@@ -12,8 +12,11 @@ use crate::cube::Interleave;
 const PREPROCESS_CU: &str = include_str!("../../kernels/preprocess.cu");
 const ARGMAX_CU: &str = include_str!("../../kernels/argmax.cu");
 
+/// The PTX of `preprocess.cu` and `argmax.cu`, or the file that failed and NVRTC's log.
+type Compiled = Result<(String, String), (&'static str, String)>;
+
 /// The PTX of each source, compiled on first use (NVRTC takes tens of milliseconds a file).
-static PTX: OnceLock<Result<(String, String), (&'static str, String)>> = OnceLock::new();
+static PTX: OnceLock<Compiled> = OnceLock::new();
 
 fn ptx() -> Result<&'static (String, String), GpuError> {
     if !super::nvrtc_present() {
