@@ -7,7 +7,7 @@
 //!   [`crate::budget::system`] applies instead, `cudaMemGetInfo` does not see reclaimable memory).
 //! * [`kernels`]: `kernels/*.cu`, compiled once with NVRTC: raw tile to normalised planar float32,
 //!   argmax and confidence on the device.
-//! * [`reference`]: the CPU definition of each kernel; [`check`] runs the kernels on fresh random
+//! * [`reference`](mod@reference): the CPU definition of each kernel; [`check`] runs the kernels on fresh random
 //!   inputs into poisoned outputs and compares them with it.
 //!
 //! The crate's `unsafe` outside `ffi` lives here, each block with its `// SAFETY:` argument.
