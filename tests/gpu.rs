@@ -61,7 +61,10 @@ fn a_listed_fallback_is_printed_and_recorded_in_the_summary() {
     let Some((scene, model)) = salinas() else { return };
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let o = run(&classify_args(&scene, &model, &out, "dense", "tensorrt,cpu"));
+    let telemetry = dir.path().join("telemetry.jsonl");
+    let mut args = classify_args(&scene, &model, &out, "dense", "tensorrt,cpu");
+    args.extend(["--telemetry", telemetry.to_str().unwrap()]);
+    let o = run(&args);
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{stderr}");
     assert!(
@@ -79,6 +82,18 @@ fn a_listed_fallback_is_printed_and_recorded_in_the_summary() {
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
     assert_eq!(written["provider_fallbacks"], s["provider_fallbacks"]);
+    // Every telemetry snapshot names the provider and the fallback.
+    let lines = std::fs::read_to_string(&telemetry).unwrap();
+    assert!(!lines.trim().is_empty());
+    for line in lines.lines() {
+        let snap: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(snap["provider"], "CPUExecutionProvider", "{snap}");
+        let fb = snap["provider_fallbacks"].as_array().unwrap();
+        assert!(
+            fb.len() == 1 && fb[0].as_str().unwrap().contains("tensorrt did not register"),
+            "{snap}"
+        );
+    }
 }
 
 #[test]
