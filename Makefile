@@ -26,7 +26,7 @@ MEMWALL_RUNS ?= 3
 # Extra arguments for `cargo test` (e.g. `--test cli`); the default runs everything.
 TEST_ARGS ?=
 
-.PHONY: demo test ort build check lint bench install python-deps
+.PHONY: demo test ort build check lint bench install python-deps gpu-test
 
 ort: $(ORT_LIB)
 
@@ -88,3 +88,10 @@ install: build
 	  install -d $(DESTDIR)$(PREFIX)/share/hsiedge/models/$$n; \
 	  install -m 644 $$d/*.json $$d/*.onnx $(DESTDIR)$(PREFIX)/share/hsiedge/models/$$n/; \
 	done
+
+# The GPU tests and benchmarks (not in CI: they need the lent GPU machine): builds, packs the binary,
+# models, Salinas-A, the PyTorch baseline and onnxruntime-gpu's libraries, and prints the device calls
+# to make back to back; gpu/device.sh runs them there (results: docs/benchmarks.md).
+gpu-test:
+	gpu/run stage
+	gpu/run parts

@@ -72,6 +72,17 @@ impl FromStr for Requirement {
     }
 }
 
+impl Requirement {
+    /// The execution provider the engine registers for this requirement.
+    pub fn provider(self) -> engine::Provider {
+        match self {
+            Self::Cpu => engine::Provider::Cpu,
+            Self::Cuda => engine::Provider::Cuda,
+            Self::Tensorrt => engine::Provider::Tensorrt,
+        }
+    }
+}
+
 impl fmt::Display for Requirement {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
@@ -501,6 +512,21 @@ fn check_ort(opts: &DoctorOptions, checks: &mut Vec<Check>) -> Option<OrtFound> 
                 }
                 details.push(format!("loaded: {info}"));
                 found.build_info = Some(info);
+                // The registration the engine makes for `--ep`, on this very library.
+                let provider = opts.requirement.provider();
+                if provider != engine::Provider::Cpu {
+                    match rt.check_provider(provider) {
+                        Ok(()) => details.push(format!("{} registers", provider.ort_name())),
+                        Err(reason) => {
+                            status = Status::Fail;
+                            details.push(format!(
+                                "{} does not register: {reason}; it needs {}",
+                                provider.ort_name(),
+                                provider.needs()
+                            ));
+                        }
+                    }
+                }
             }
             Err(e) => {
                 status = Status::Fail;

@@ -13,6 +13,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod engine;
 pub mod ffi;
+pub mod gpu;
 pub mod graph;
 pub mod job;
 pub mod map;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
-use hsiedge::engine::{EngineOptions, Provider};
+use hsiedge::engine::EngineOptions;
 use hsiedge::job::{Job, JobSpec, parse_batch, parse_mode};
 
 #[derive(Parser)]
@@ -44,6 +44,36 @@ struct EngineArgs {
     /// busy). Default: 19 for a file, 0 for a stream (its tiling thread also reads the stream).
     #[arg(long, value_parser = clap::value_parser!(i32).range(0..=19))]
     producer_nice: Option<i32>,
+    /// Execution providers in order of preference, e.g. `tensorrt,cuda,cpu`. A provider that
+    /// cannot register is an error unless another is listed after it; every fallback is printed
+    /// and recorded in summary.json and telemetry.
+    #[arg(long, value_name = "LIST", default_value = "cpu", value_parser = clap::value_parser!(hsiedge::engine::Preference))]
+    ep: hsiedge::engine::Preference,
+    /// CUDA device ordinal (cuda, tensorrt).
+    #[arg(long, default_value_t = 0)]
+    device_id: u32,
+    /// cuDNN convolution algorithm search (cuda): heuristic (bounded workspace), exhaustive
+    /// (benchmarks each algorithm on a shape's first run) or default.
+    #[arg(long, default_value = "heuristic", value_parser = clap::value_parser!(hsiedge::engine::ConvSearch))]
+    cudnn_conv_algo_search: hsiedge::engine::ConvSearch,
+    /// Bound of the CUDA provider's device arena, MiB (default: unbounded).
+    #[arg(long, value_name = "MIB")]
+    gpu_mem_limit_mib: Option<u64>,
+    /// Capture each batch shape as a CUDA graph and replay it (cuda, tensorrt).
+    #[arg(long)]
+    cuda_graph: bool,
+    /// Model precision: fp32, or fp16 (the manifest's *_fp16 files).
+    #[arg(long, default_value = "fp32", value_parser = clap::value_parser!(hsiedge::engine::Precision))]
+    precision: hsiedge::engine::Precision,
+    /// TensorRT: build fp16 kernels.
+    #[arg(long)]
+    trt_fp16: bool,
+    /// TensorRT: build int8 kernels.
+    #[arg(long)]
+    trt_int8: bool,
+    /// TensorRT: engine and timing cache folder (the state directory).
+    #[arg(long, value_name = "DIR")]
+    trt_cache_dir: Option<PathBuf>,
 }
 
 impl EngineArgs {
@@ -60,7 +90,19 @@ impl EngineArgs {
         Ok(EngineOptions {
             ort_lib: self.ort_lib.clone(),
             threads,
-            provider: Provider::Cpu,
+            providers: self.ep.clone(),
+            gpu: hsiedge::engine::GpuOptions {
+                device_id: self.device_id,
+                mem_limit: self.gpu_mem_limit_mib.map(|m| m.saturating_mul(1 << 20)),
+                conv_search: self.cudnn_conv_algo_search,
+                cuda_graph: self.cuda_graph,
+                trt_fp16: self.trt_fp16,
+                trt_int8: self.trt_int8,
+                trt_cache_dir: self.trt_cache_dir.clone(),
+                trt_workspace: None,
+                trt_profile: None,
+            },
+            precision: self.precision,
             spin: self.spin,
             arena: self.arena,
             memory_pattern: self.memory_pattern,
@@ -293,6 +335,53 @@ enum Command {
     },
     /// List the environment variables hsiedge reads.
     Env,
+    /// Builds a model's TensorRT engine for a fixed profile (batch buckets up to --batch, the
+    /// tile's window) and writes it as an EPContext model, so a device starts from a prebuilt
+    /// engine. Needs the TensorRT provider (`hsiedge doctor --provider tensorrt`).
+    BuildEngine {
+        /// Model manifest.
+        #[arg(long)]
+        model: PathBuf,
+        /// patch or dense.
+        #[arg(long, default_value = "patch")]
+        mode: String,
+        /// Largest batch the profile covers (patches, or tiles in dense mode).
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_PATCH_BATCH)]
+        batch: usize,
+        /// Tile side in output pixels (dense mode).
+        #[arg(long, default_value_t = hsiedge::job::DEFAULT_TILE)]
+        tile: usize,
+        /// The EPContext model to write.
+        #[arg(long)]
+        out: PathBuf,
+        #[command(flatten)]
+        engine: EngineArgs,
+    },
+    /// The GPU: what the device reports, and its kernels checked against the CPU reference.
+    Gpu {
+        #[command(subcommand)]
+        command: GpuCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum GpuCommand {
+    /// Name, compute capability, SMs, memory, integrated or discrete (nothing when no CUDA driver).
+    Probe {
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+    },
+    /// Runs every kernel on fresh random inputs into poisoned outputs against the CPU reference
+    /// (argmax exact, normalisation within 1e-6 relative); prints a JSON report, exit 1 on a mismatch.
+    Check {
+        /// CUDA device ordinal.
+        #[arg(long, default_value_t = 0)]
+        device: usize,
+        /// Seed of the random inputs (default: from the clock).
+        #[arg(long)]
+        seed: Option<u64>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -866,6 +955,57 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Serve { config } => Ok(hsiedge::daemon::serve(&config)?),
         Command::Doctor { .. } => Ok(()),
+        Command::Gpu {
+            command: GpuCommand::Probe { device },
+        } => {
+            match hsiedge::gpu::probe(device)? {
+                Some(d) => println!("{}", serde_json::to_string_pretty(&d)?),
+                None => println!("no CUDA device {device} (no driver library, or fewer devices)"),
+            }
+            Ok(())
+        }
+        Command::Gpu {
+            command: GpuCommand::Check { device, seed },
+        } => {
+            let seed = seed.unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(1, |d| d.as_nanos() as u64)
+            });
+            let report = hsiedge::gpu::check::run(device, seed)?;
+            println!("{}", serde_json::to_string_pretty(&report)?);
+            if report.pass {
+                Ok(())
+            } else {
+                anyhow::bail!("a GPU kernel disagrees with the CPU reference (seed {seed})")
+            }
+        }
+        Command::BuildEngine {
+            model,
+            mode,
+            batch,
+            tile,
+            out,
+            engine,
+        } => {
+            let manifest = hsiedge::model::Manifest::load(&model)?;
+            let mut options = engine.options()?;
+            options.gpu.trt_profile = Some((batch, tile));
+            let runtime = hsiedge::engine::Runtime::new(options)?;
+            let (role, path) = match mode.as_str() {
+                "patch" => (hsiedge::model::Role::Patch, manifest.patch_path()),
+                "dense" => (
+                    hsiedge::model::Role::Dense,
+                    manifest
+                        .dense_path()
+                        .with_context(|| format!("{}: no dense twin (files.dense)", model.display()))?,
+                ),
+                other => anyhow::bail!("--mode `{other}`: expected patch or dense"),
+            };
+            let written = runtime.build_engine(&manifest, role, &path, &out)?;
+            println!("EPContext model written to {}", written.display());
+            Ok(())
+        }
         Command::Env => {
             for v in hsiedge::config::ALL {
                 println!("{:<16} default: {}\n{:<16} {}", v.name, v.default, "", v.meaning);
@@ -929,6 +1069,8 @@ fn classify(spec: JobSpec, json: bool, telemetry: &TelemetryArgs) -> Result<()> 
                 None => "fixed".into(),
             },
             pixels_total: Some(total as u64),
+            provider: job.runtime.provider().ort_name().into(),
+            provider_fallbacks: job.runtime.fallbacks().iter().map(ToString::to_string).collect(),
         };
         let mut sinks: Vec<&mut dyn Sink> = Vec::new();
         if let Some(f) = jsonl.as_mut() {

@@ -27,19 +27,14 @@ impl Metrics {
     }
 }
 
-/// Runs `body` (one scene, starting at `batch`), handing it a function to call with each batch
+/// Runs `body` (one scene, described by `info`), handing it a function to call with each batch
 /// done; with `metrics`, telemetry records those batches and samples the board while it runs.
-pub fn observe<R>(metrics: Option<&Metrics>, batch: u64, body: impl FnOnce(&mut dyn FnMut(&BatchDone)) -> R) -> R {
+pub fn observe<R>(metrics: Option<&Metrics>, info: RunInfo, body: impl FnOnce(&mut dyn FnMut(&BatchDone)) -> R) -> R {
     let Some(m) = metrics else {
         return body(&mut |_| {});
     };
     // Discovered per scene: concurrent scenes each need a sampler of their own.
     let mut sampler = Sampler::discover(Path::new("/"), true);
-    let info = RunInfo {
-        batch,
-        batch_reason: "daemon: the model's configured batch".into(),
-        pixels_total: None,
-    };
     let mut sink = m.latest.clone();
     let mut sinks: [&mut dyn Sink; 1] = [&mut sink];
     let (r, outcome) = telemetry::run(&TelemetryConfig::default(), &mut sampler, info, &mut sinks, |rec| {
@@ -64,6 +59,16 @@ pub fn observe<R>(metrics: Option<&Metrics>, batch: u64, body: impl FnOnce(&mut 
 
 #[cfg(test)]
 mod tests {
+    fn info() -> RunInfo {
+        RunInfo {
+            batch: 16,
+            batch_reason: "test".into(),
+            pixels_total: None,
+            provider: "CPUExecutionProvider".into(),
+            provider_fallbacks: Vec::new(),
+        }
+    }
+
     use super::*;
 
     fn done(i: usize) -> BatchDone {
@@ -82,7 +87,7 @@ mod tests {
     #[test]
     fn without_metrics_the_body_runs_alone() {
         let mut seen = 0;
-        let r = observe(None, 16, |record| {
+        let r = observe(None, info(), |record| {
             record(&done(0));
             seen += 1;
             7
@@ -95,7 +100,7 @@ mod tests {
         let latest = LatestSnapshot::new();
         let m = Metrics::new(latest.clone());
         assert!(latest.get().is_none());
-        let r = observe(Some(&m), 16, |record| {
+        let r = observe(Some(&m), info(), |record| {
             for i in 0..5 {
                 record(&done(i));
             }

@@ -261,7 +261,18 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 inner: scene.source(),
                 lines: &entry.lines,
             };
-            let outcome = super::metrics::observe(ctx.metrics.as_ref(), run.batch as u64, |record| {
+            let info = crate::telemetry::RunInfo {
+                batch: run.batch as u64,
+                batch_reason: if session.is_auto_batch() {
+                    "auto: planned for the scene's width, governed by the budget".into()
+                } else {
+                    "the model's configured batch".into()
+                },
+                pixels_total: None,
+                provider: session.runtime().provider().ort_name().into(),
+                provider_fallbacks: session.runtime().fallbacks().iter().map(ToString::to_string).collect(),
+            };
+            let outcome = super::metrics::observe(ctx.metrics.as_ref(), info, |record| {
                 session.run_stream(&mut counted, &folder, segments, &mut |px| {
                     entry.pixels.store(px.pixels_done as u64, Ordering::Relaxed);
                     entry.batch.store(px.batch as u64, Ordering::Relaxed);

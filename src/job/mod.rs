@@ -347,7 +347,7 @@ impl Job {
         // A batch larger than the scene holds only empty room (and `--batch 100000000` would
         // ask the allocator for it up front).
         run.batch = run.batch.min(pipeline::units(&cube, &manifest, &run).max(1));
-        let runtime = Runtime::new(spec.engine.clone())?;
+        let runtime = Runtime::new(gpu_bounded(&spec.engine, &spec.budget))?;
         let graph = match mode {
             Mode::Patch => runtime.graph(&manifest, Role::Patch, &manifest.patch_path())?,
             Mode::Dense => {
@@ -375,6 +375,10 @@ impl Job {
             }
             BatchChoice::Fixed(_) => None,
         };
+        if runtime.provider().on_gpu() {
+            // The governor's re-cut batches and the partial last batch run padded to a bucket.
+            graph.use_buckets(crate::engine::Buckets::up_to(run.batch));
+        }
         Ok(Self {
             spec,
             cube,
@@ -498,6 +502,8 @@ impl Job {
             load_s: self.load_s,
             write_s: 0.0,
             provider: self.runtime.provider().ort_name().into(),
+            provider_fallbacks: self.runtime.fallbacks().to_vec(),
+            precision: self.runtime.options().precision,
             ort_library: self.runtime.location().path.clone(),
             threads: self.spec.engine.threads,
             peak_rss_bytes: peak_rss_bytes(),
@@ -606,6 +612,22 @@ pub fn peak_rss_bytes() -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
+/// `engine` with the CUDA provider's arena bounded by the budget when no bound was given: the
+/// device's free memory less the fragmentation margin, on a discrete GPU. An integrated GPU (a
+/// Jetson) shares the host's memory, which the host-side budget already governs, so it is left as
+/// given.
+pub fn gpu_bounded(engine: &EngineOptions, budget: &BudgetSettings) -> EngineOptions {
+    let mut e = engine.clone();
+    if e.gpu.mem_limit.is_none()
+        && e.providers.first().on_gpu()
+        && let Ok(Some(d)) = crate::gpu::probe(e.gpu.device_id as usize)
+        && let Some(free) = d.budget_bytes()
+    {
+        e.gpu.mem_limit = Some((free as f64 * (1.0 - budget.frag_margin)) as u64);
+    }
+    e
+}
+
 /// What a job did, as written to `summary.json` and printed by `--json`.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Summary {
@@ -645,6 +667,11 @@ pub struct Summary {
     pub write_s: f64,
     /// Execution provider.
     pub provider: String,
+    /// Providers preferred over `provider` that did not register, with why (empty: the first
+    /// choice ran).
+    pub provider_fallbacks: Vec<crate::engine::Fallback>,
+    /// The model files' precision.
+    pub precision: crate::engine::Precision,
     /// The ONNX Runtime library used.
     pub ort_library: PathBuf,
     /// Intra-op threads (0 = ONNX Runtime default).

@@ -68,6 +68,12 @@ pub struct InferencePlan {
     pub verify: Vec<VerifyRow>,
     /// `--probe-wall`: the wall found against the one predicted.
     pub wall: Option<WallReport>,
+    /// The execution provider the plan was made on, and each preferred one that did not register.
+    pub provider: String,
+    /// Providers skipped before `provider`, with why.
+    pub provider_fallbacks: Vec<crate::engine::Fallback>,
+    /// The GPU a CUDA or TensorRT session runs on (its free memory bounds the provider's arena).
+    pub device: Option<crate::gpu::DeviceInfo>,
 }
 
 /// `hsiedge plan`'s answer: one JSON object whose `kind` says which.
@@ -408,7 +414,15 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
             });
         }
     }
+    let device = if runtime.provider().on_gpu() {
+        crate::gpu::probe(req.engine.gpu.device_id as usize).ok().flatten()
+    } else {
+        None
+    };
     Ok(PlanReport::Inference(Box::new(InferencePlan {
+        provider: runtime.provider().ort_name().into(),
+        provider_fallbacks: runtime.fallbacks().to_vec(),
+        device,
         auto,
         verify: rows,
         wall,

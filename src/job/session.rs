@@ -259,6 +259,11 @@ impl ModelSession {
         &self.manifest
     }
 
+    /// Whether the batch is planned by the budget (`batch = "auto"`).
+    pub fn is_auto_batch(&self) -> bool {
+        self.auto.is_some()
+    }
+
     /// The run settings every scene uses.
     pub fn run_options(&self) -> &RunOptions {
         &self.run
@@ -339,6 +344,7 @@ impl ModelSession {
                 "mode": run.mode,
                 "batch": run.batch,
                 "provider": self.runtime.provider().ort_name(),
+                "provider_fallbacks": self.runtime.fallbacks(),
             })
         };
         // Segments closed mid-scene say what the source had seen by then; the last, all of it.

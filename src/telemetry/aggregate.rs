@@ -17,6 +17,10 @@ pub struct RunInfo {
     pub batch_reason: String,
     /// Pixels in the scene, when known.
     pub pixels_total: Option<u64>,
+    /// The execution provider the session runs on (ONNX Runtime's name).
+    pub provider: String,
+    /// Each preferred provider that did not register, and why.
+    pub provider_fallbacks: Vec<String>,
 }
 
 /// Builds snapshots from records and samples.
@@ -26,6 +30,8 @@ pub struct Aggregator<'s> {
     pixels_total: Option<u64>,
     batch: u64,
     reason: String,
+    provider: String,
+    provider_fallbacks: Vec<String>,
     seq: u64,
     window: LatencyWindow,
     latency_sum_s: f64,
@@ -48,6 +54,8 @@ impl<'s> Aggregator<'s> {
             pixels_total: info.pixels_total,
             batch: info.batch,
             reason: info.batch_reason,
+            provider: info.provider,
+            provider_fallbacks: info.provider_fallbacks,
             seq: 0,
             window: LatencyWindow::new(),
             latency_sum_s: 0.0,
@@ -125,6 +133,8 @@ impl<'s> Aggregator<'s> {
             queue_depth: totals.queued,
             batch: self.batch,
             batch_reason: self.reason.clone(),
+            provider: self.provider.clone(),
+            provider_fallbacks: self.provider_fallbacks.clone(),
             memory: board.memory,
             power_w: self.power.total_w,
             rails: self.power.rails.clone(),
@@ -166,6 +176,7 @@ mod tests {
             batch: 64,
             batch_reason: "auto: memory".into(),
             pixels_total: Some(10_000),
+            ..RunInfo::default()
         };
         let mut agg = Aggregator::new(&mut sampler, info);
         let mut ring = Ring::new();

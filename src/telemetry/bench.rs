@@ -184,6 +184,8 @@ pub fn telemetry(opts: &TelemetryBenchOptions) -> Result<TelemetryBench, BenchEr
                         batch: batch as u64,
                         batch_reason: "fixed".into(),
                         pixels_total: Some(pixels),
+                        provider: job.runtime.provider().ort_name().into(),
+                        provider_fallbacks: job.runtime.fallbacks().iter().map(ToString::to_string).collect(),
                     };
                     let (result, outcome) =
                         super::run(&TelemetryConfig::default(), &mut sampler, info, &mut sinks, |rec| {

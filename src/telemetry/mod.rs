@@ -257,6 +257,7 @@ mod tests {
             batch: 8,
             batch_reason: "fixed".into(),
             pixels_total: Some(300),
+            ..RunInfo::default()
         };
         let (n, outcome) = run(&cfg, &mut sampler, info, &mut sinks, |rec| {
             for i in 0..30 {

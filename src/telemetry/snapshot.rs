@@ -90,6 +90,12 @@ pub struct Snapshot {
     /// Why that batch: the budget's limit (`memory`, `benchmark knee`, `configured maximum`),
     /// `fixed` for a batch given on the command line, or the governor's change.
     pub batch_reason: String,
+    /// The execution provider the session runs on (ONNX Runtime's name; empty when not told).
+    #[serde(default)]
+    pub provider: String,
+    /// Each preferred provider that did not register, and why (never silent).
+    #[serde(default)]
+    pub provider_fallbacks: Vec<String>,
     /// Memory, when `/proc/meminfo` was readable.
     pub memory: Option<MemorySample>,
     /// The module's total power in watts: the `VDD_IN` rail (Orin NX/Nano), the sum of the rails

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::engine::{Arena, EngineOptions, Provider};
+use crate::engine::{Arena, ConvSearch, EngineOptions, GpuOptions, Precision, Preference};
 use crate::job::{BudgetSettings, ModeChoice, SessionBatch, SessionSpec};
 use crate::source::stream::Limits;
 use crate::source::{MAX_LINE_BYTES, check_scene_id};
@@ -142,6 +142,14 @@ pub struct RawEngine {
     pub memory_pattern: Option<bool>,
     /// Nice increment of the tiling thread.
     pub producer_nice: Option<i32>,
+    /// Execution providers in order of preference, e.g. `"cuda,cpu"` (a later one is a fallback).
+    pub ep: Option<String>,
+    /// cuDNN convolution search: `heuristic`, `exhaustive` or `default`.
+    pub cudnn_conv_algo_search: Option<String>,
+    /// CUDA device ordinal.
+    pub device_id: Option<u32>,
+    /// `fp32` or `fp16` model files.
+    pub precision: Option<String>,
 }
 
 /// `[models.NAME]`.
@@ -539,10 +547,30 @@ impl RawEngine {
                 format!("{producer_nice} is outside 0 ..= 19"),
             ));
         }
+        let providers = match self.ep.as_deref() {
+            None => Preference::default(),
+            Some(p) => p.parse::<Preference>().map_err(|e| bad("engine.ep", e))?,
+        };
+        let conv_search = match self.cudnn_conv_algo_search.as_deref() {
+            None => ConvSearch::default(),
+            Some(c) => c
+                .parse::<ConvSearch>()
+                .map_err(|e| bad("engine.cudnn_conv_algo_search", e))?,
+        };
+        let precision = match self.precision.as_deref() {
+            None => Precision::default(),
+            Some(p) => p.parse::<Precision>().map_err(|e| bad("engine.precision", e))?,
+        };
         Ok(EngineOptions {
             ort_lib: self.ort_lib,
             threads: 0,
-            provider: Provider::Cpu,
+            providers,
+            gpu: GpuOptions {
+                device_id: self.device_id.unwrap_or(0),
+                conv_search,
+                ..GpuOptions::default()
+            },
+            precision,
             spin: self.spin.unwrap_or(false),
             arena,
             memory_pattern: self.memory_pattern.unwrap_or(false),

@@ -213,3 +213,33 @@ fn metrics_is_a_loopback_address_and_a_restart_key() {
         ["telemetry.metrics"]
     );
 }
+
+#[test]
+fn engine_providers_are_read_in_order_and_a_bad_one_names_its_key() {
+    let c = load_str(&format!(
+        "{MINIMAL}[engine]\nep = \"tensorrt,cuda,cpu\"\ndevice_id = 1\ncudnn_conv_algo_search = \"exhaustive\"\nprecision = \"fp16\""
+    ))
+    .unwrap();
+    let e = &c.models["tiny"].session.engine;
+    assert_eq!(
+        e.providers.providers(),
+        &[
+            crate::engine::Provider::Tensorrt,
+            crate::engine::Provider::Cuda,
+            crate::engine::Provider::Cpu
+        ]
+    );
+    assert_eq!(e.gpu.device_id, 1);
+    assert_eq!(e.gpu.conv_search, ConvSearch::Exhaustive);
+    assert_eq!(e.precision, Precision::Fp16);
+    for (key, value) in [
+        ("ep", "\"cuda,rocm\""),
+        ("cudnn_conv_algo_search", "\"fast\""),
+        ("precision", "\"int4\""),
+    ] {
+        let err = load_str(&format!("{MINIMAL}[engine]\n{key} = {value}"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(&format!("key `engine.{key}`")), "{err}");
+    }
+}

@@ -1,0 +1,64 @@
+// Raw sensor tile -> normalised planar float32 in the model's input layout (n1chw / nchw: band,
+// line, sample), written straight into the bound input on the device:
+//   out[b][y][x] = (raw(y, x, b) - mean[b]) * inv_std[b]
+// interleave: 0 BSQ (band, line, sample), 1 BIL (line, band, sample), 2 BIP (line, sample, band).
+// swap: the file's byte order differs from the device's (ENVI `byte order = 1`).
+// One thread per output value; consecutive threads write consecutive samples of one band row.
+
+template <typename T>
+__device__ __forceinline__ T swap_bytes(T v);
+
+template <>
+__device__ __forceinline__ short swap_bytes<short>(short v) {
+    unsigned short u = (unsigned short)v;
+    return (short)((u >> 8) | (u << 8));
+}
+
+template <>
+__device__ __forceinline__ unsigned short swap_bytes<unsigned short>(unsigned short v) {
+    return (unsigned short)((v >> 8) | (v << 8));
+}
+
+template <>
+__device__ __forceinline__ float swap_bytes<float>(float v) {
+    return __int_as_float(__byte_perm(__float_as_int(v), 0, 0x0123));
+}
+
+template <typename T>
+__device__ __forceinline__ void preprocess(const T* raw, int interleave, int swap, int lines, int samples,
+                                           int bands, const float* mean, const float* inv_std, float* out) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long n = (long long)lines * samples * bands;
+    if (i >= n) return;
+    int x = (int)(i % samples);
+    long long t = i / samples;
+    int y = (int)(t % lines);
+    int b = (int)(t / lines);
+    long long src;
+    if (interleave == 0) {
+        src = ((long long)b * lines + y) * samples + x;
+    } else if (interleave == 1) {
+        src = ((long long)y * bands + b) * samples + x;
+    } else {
+        src = ((long long)y * samples + x) * bands + b;
+    }
+    T v = raw[src];
+    if (swap) v = swap_bytes<T>(v);
+    out[i] = ((float)v - mean[b]) * inv_std[b];
+}
+
+extern "C" __global__ void preprocess_i16(const short* raw, int interleave, int swap, int lines, int samples,
+                                          int bands, const float* mean, const float* inv_std, float* out) {
+    preprocess<short>(raw, interleave, swap, lines, samples, bands, mean, inv_std, out);
+}
+
+extern "C" __global__ void preprocess_u16(const unsigned short* raw, int interleave, int swap, int lines,
+                                          int samples, int bands, const float* mean, const float* inv_std,
+                                          float* out) {
+    preprocess<unsigned short>(raw, interleave, swap, lines, samples, bands, mean, inv_std, out);
+}
+
+extern "C" __global__ void preprocess_f32(const float* raw, int interleave, int swap, int lines, int samples,
+                                          int bands, const float* mean, const float* inv_std, float* out) {
+    preprocess<float>(raw, interleave, swap, lines, samples, bands, mean, inv_std, out);
+}

@@ -1,0 +1,216 @@
+//! `kernels/*.cu`, embedded in the binary, compiled with NVRTC once per process and loaded into
+//! the device's primary context.
+
+use std::sync::{Arc, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+
+use super::reference::RawSample;
+use super::{GpuError, driver};
+use crate::cube::Interleave;
+
+const PREPROCESS_CU: &str = include_str!("../../kernels/preprocess.cu");
+const ARGMAX_CU: &str = include_str!("../../kernels/argmax.cu");
+
+/// The PTX of `preprocess.cu` and `argmax.cu`, or the file that failed and NVRTC's log.
+type Compiled = Result<(String, String), (&'static str, String)>;
+
+/// The PTX of each source, compiled on first use (NVRTC takes tens of milliseconds a file).
+static PTX: OnceLock<Compiled> = OnceLock::new();
+
+fn ptx() -> Result<&'static (String, String), GpuError> {
+    if !super::nvrtc_present() {
+        return Err(GpuError::NoNvrtc);
+    }
+    let compiled = PTX.get_or_init(|| {
+        let one = |name: &'static str, src: &str| {
+            cudarc::nvrtc::compile_ptx(src)
+                .map(|p| p.to_src())
+                .map_err(|e| (name, e.to_string()))
+        };
+        Ok((one("preprocess.cu", PREPROCESS_CU)?, one("argmax.cu", ARGMAX_CU)?))
+    });
+    compiled.as_ref().map_err(|(kernel, message)| GpuError::Compile {
+        kernel,
+        message: message.clone(),
+    })
+}
+
+/// A raw sample type with its preprocessing kernel.
+pub trait DeviceSample: RawSample + cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits {
+    /// The kernel's name in `preprocess.cu`.
+    const KERNEL: &'static str;
+}
+
+impl DeviceSample for i16 {
+    const KERNEL: &'static str = "preprocess_i16";
+}
+
+impl DeviceSample for u16 {
+    const KERNEL: &'static str = "preprocess_u16";
+}
+
+impl DeviceSample for f32 {
+    const KERNEL: &'static str = "preprocess_f32";
+}
+
+/// The loaded kernels of one device.
+pub struct Kernels {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    pre_i16: CudaFunction,
+    pre_u16: CudaFunction,
+    pre_f32: CudaFunction,
+    argmax: CudaFunction,
+}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernels").finish_non_exhaustive()
+    }
+}
+
+impl Kernels {
+    /// Compiles (once per process) and loads the kernels on device `ordinal`.
+    pub fn new(ordinal: usize) -> Result<Self, GpuError> {
+        if !super::driver_present() {
+            return Err(GpuError::NoDriver);
+        }
+        let (pre, arg) = ptx()?;
+        let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        let stream = ctx.default_stream();
+        let pre = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(pre.clone()))
+            .map_err(driver("cuModuleLoadData preprocess"))?;
+        let arg = ctx
+            .load_module(cudarc::nvrtc::Ptx::from_src(arg.clone()))
+            .map_err(driver("cuModuleLoadData argmax"))?;
+        let f = |m: &Arc<cudarc::driver::CudaModule>, name: &'static str| {
+            m.load_function(name).map_err(driver("cuModuleGetFunction"))
+        };
+        Ok(Self {
+            pre_i16: f(&pre, "preprocess_i16")?,
+            pre_u16: f(&pre, "preprocess_u16")?,
+            pre_f32: f(&pre, "preprocess_f32")?,
+            argmax: f(&arg, "argmax_confidence")?,
+            ctx,
+            stream,
+        })
+    }
+
+    /// The context the kernels live in.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The stream they run on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Normalises a raw tile of `(lines, samples, bands)` into planar float32 `out`
+    /// ([`super::reference::preprocess`]); `swap` when the data's byte order is not the device's.
+    #[allow(clippy::too_many_arguments)]
+    pub fn preprocess<T: DeviceSample>(
+        &self,
+        raw: &CudaSlice<T>,
+        interleave: Interleave,
+        swap: bool,
+        (lines, samples, bands): (usize, usize, usize),
+        mean: &CudaSlice<f32>,
+        inv_std: &CudaSlice<f32>,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        let n = lines * samples * bands;
+        let bad = |message: String| GpuError::Shape {
+            kernel: T::KERNEL,
+            message,
+        };
+        if raw.len() < n || out.len() < n || mean.len() < bands || inv_std.len() < bands {
+            return Err(bad(format!(
+                "a {lines} x {samples} x {bands} tile needs {n} raw and output values and {bands} means and \
+                 scales; got {}, {}, {} and {}",
+                raw.len(),
+                out.len(),
+                mean.len(),
+                inv_std.len()
+            )));
+        }
+        let dim = |v: usize| i32::try_from(v).map_err(|_| bad(format!("{v} does not fit a 32-bit index")));
+        let (l, s, b) = (dim(lines)?, dim(samples)?, dim(bands)?);
+        let n32 = u32::try_from(n).map_err(|_| bad(format!("{n} values do not fit one launch")))?;
+        let il: i32 = match interleave {
+            Interleave::Bsq => 0,
+            Interleave::Bil => 1,
+            Interleave::Bip => 2,
+        };
+        let sw = i32::from(swap);
+        let func = match T::KERNEL {
+            "preprocess_i16" => &self.pre_i16,
+            "preprocess_u16" => &self.pre_u16,
+            _ => &self.pre_f32,
+        };
+        let mut launch = self.stream.launch_builder(func);
+        launch
+            .arg(raw)
+            .arg(&il)
+            .arg(&sw)
+            .arg(&l)
+            .arg(&s)
+            .arg(&b)
+            .arg(mean)
+            .arg(inv_std)
+            .arg(out);
+        // SAFETY: the argument list matches the kernel's signature in preprocess.cu (a T pointer,
+        // five ints, two float pointers, a float pointer); every buffer was checked above to hold
+        // the `lines * samples * bands` values (or `bands` means and scales) the kernel indexes,
+        // and threads past `n` return before touching memory.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(n32)) }.map_err(driver("cuLaunchKernel preprocess"))?;
+        Ok(())
+    }
+
+    /// Argmax and confidence of `scores` (`[n][k][pixels]`) into `cls` and `conf`
+    /// ([`super::reference::argmax_confidence`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn argmax(
+        &self,
+        scores: &CudaSlice<f32>,
+        (n, k, pixels): (usize, usize, usize),
+        logits: bool,
+        cls: &mut CudaSlice<u32>,
+        conf: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        let bad = |message: String| GpuError::Shape {
+            kernel: "argmax_confidence",
+            message,
+        };
+        let m = n * pixels;
+        if k == 0 || scores.len() < m * k || cls.len() < m || conf.len() < m {
+            return Err(bad(format!(
+                "{n} x {k} x {pixels} scores need {} values and {m} outputs; got {}, {} and {}",
+                m * k,
+                scores.len(),
+                cls.len(),
+                conf.len()
+            )));
+        }
+        let dim = |v: usize| i32::try_from(v).map_err(|_| bad(format!("{v} does not fit a 32-bit index")));
+        let (n32, k32, p32) = (dim(n)?, dim(k)?, dim(pixels)?);
+        let m32 = u32::try_from(m).map_err(|_| bad(format!("{m} pixels do not fit one launch")))?;
+        let lg = i32::from(logits);
+        let mut launch = self.stream.launch_builder(&self.argmax);
+        launch
+            .arg(scores)
+            .arg(&n32)
+            .arg(&k32)
+            .arg(&p32)
+            .arg(&lg)
+            .arg(cls)
+            .arg(conf);
+        // SAFETY: the arguments match `argmax_confidence` in argmax.cu (a float pointer, four ints,
+        // a uint pointer, a float pointer); `scores` holds n * k * pixels values and `cls`, `conf`
+        // n * pixels each (checked above), and threads past n * pixels return at once.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(m32)) }.map_err(driver("cuLaunchKernel argmax"))?;
+        Ok(())
+    }
+}
