@@ -101,10 +101,17 @@ pub struct Shared {
     started: Instant,
     listening: Vec<String>,
     config_path: PathBuf,
+    delivery: Option<Arc<crate::delivery::Queue>>,
 }
 
 impl Shared {
-    fn new(routes: Routes, status: Arc<Status>, listening: Vec<String>, config_path: PathBuf) -> Self {
+    fn new(
+        routes: Routes,
+        status: Arc<Status>,
+        listening: Vec<String>,
+        config_path: PathBuf,
+        delivery: Option<Arc<crate::delivery::Queue>>,
+    ) -> Self {
         Self {
             routes: RwLock::new(Arc::new(routes)),
             status,
@@ -113,6 +120,7 @@ impl Shared {
             started: Instant::now(),
             listening,
             config_path,
+            delivery,
         }
     }
 
@@ -191,6 +199,7 @@ impl Shared {
             "models": models,
             "rss_anon_bytes": own,
             "memory_budget": budget,
+            "delivery": self.delivery.as_ref().map(|q| q.status()),
         })
     }
 }

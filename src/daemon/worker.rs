@@ -19,6 +19,7 @@ use super::intake::{Job, ModelRoute};
 use super::log;
 use super::outbox::{self, InFlight};
 use super::status::{SceneEntry, Status};
+use crate::delivery::{Entry, Queue};
 use crate::engine::error_chain;
 use crate::job::{ModelSession, anon_bytes, with_peak_anon};
 use crate::map::SegmentOptions;
@@ -34,6 +35,8 @@ pub struct WorkerContext {
     pub state: PathBuf,
     /// Scenes in flight and totals.
     pub status: Arc<Status>,
+    /// The delivery queue, when sinks besides the outbox are configured.
+    pub delivery: Option<Arc<Queue>>,
 }
 
 /// A model's running workers.
@@ -154,7 +157,11 @@ fn work(
     rx: &Receiver<Job>,
     ctx: &WorkerContext,
 ) {
-    while let Ok(job) = rx.recv() {
+    loop {
+        if let Some(q) = &ctx.delivery {
+            wait_for_room(q, model);
+        }
+        let Ok(job) = rx.recv() else { break };
         if run_scene(&mut session, model, job, ctx).is_err() {
             // The run panicked (possible only where panics unwind: test and dev builds; the
             // release build aborts and systemd restarts it): the session may hold a half-done
@@ -272,6 +279,9 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
     });
     let (ok, panicked) = match result {
         Ok(Ok(outcome)) => {
+            if let Some(q) = &ctx.delivery {
+                enqueue(q, session.manifest(), model, &info, &folder, &outcome.segments);
+            }
             let lines = outcome.run.lines as u64;
             ctx.status.count(|t| {
                 t.scenes_done += 1;
@@ -385,4 +395,107 @@ fn fail_after_start(
             "memory": memory,
         }),
     );
+}
+
+/// Waits while the delivery queue is full: this worker takes no scene, so its model's intake
+/// queue fills and the sensors see backpressure. Logged when the pause begins and ends.
+fn wait_for_room(q: &Queue, model: &str) {
+    if q.wait_for_room(std::time::Duration::ZERO) {
+        return;
+    }
+    let s = q.status();
+    log::event(
+        "delivery_full",
+        &format!(
+            "delivery queue full ({} of {} segments not yet acknowledged by every sink): model `{model}` takes no new scene until a sink catches up",
+            s.queued, s.max
+        ),
+        serde_json::json!({"model": model, "delivery": s}),
+    );
+    let t0 = Instant::now();
+    while !q.wait_for_room(std::time::Duration::from_secs(1)) {}
+    log::event(
+        "delivery_resumed",
+        &format!(
+            "delivery queue has room again after {:.1} s: model `{model}` takes scenes",
+            t0.elapsed().as_secs_f64()
+        ),
+        serde_json::json!({"model": model, "paused_s": t0.elapsed().as_secs_f64()}),
+    );
+}
+
+/// Queues the committed segments of a finished scene for delivery. The segments are on disk
+/// already, so a queue that cannot be written (state disk full) is retried until it can: the
+/// worker, and with it intake, waits meanwhile.
+fn enqueue(
+    q: &Queue,
+    manifest: &crate::model::Manifest,
+    model: &str,
+    info: &SceneInfo,
+    folder: &Path,
+    segments: &[crate::map::SegmentRecord],
+) {
+    let k = manifest.classes();
+    let entries: Vec<Entry> = segments
+        .iter()
+        .map(|s| Entry {
+            seq: 0,
+            scene_id: info.id.clone(),
+            scene_folder: folder.to_path_buf(),
+            segment: s.index as u64,
+            folder: s.folder.clone(),
+            first_line: s.first_line as u64,
+            lines: s.lines as u64,
+            samples: info.samples as u64,
+            last: s.index + 1 == segments.len(),
+            model: model.to_string(),
+            classes: manifest.outputs.iter().map(|o| o.name.clone()).collect(),
+            colours: (0..k).map(|c| manifest.color(c)).collect(),
+            map_info: info.header.map_info.clone(),
+            coordinate_system: info.header.coordinate_system.clone(),
+        })
+        .collect();
+    let mut failures = 0u64;
+    loop {
+        match q.push(entries.clone()) {
+            Ok(seqs) => {
+                if failures > 0 {
+                    log::event(
+                        "delivery_resumed",
+                        &format!(
+                            "scene `{}` queued for delivery after {failures} failed attempt(s)",
+                            info.id
+                        ),
+                        serde_json::json!({"scene_id": info.id}),
+                    );
+                }
+                log::event(
+                    "queued",
+                    &format!(
+                        "scene `{}`: {} segment(s) queued for delivery as {:?}",
+                        info.id,
+                        seqs.len(),
+                        seqs
+                    ),
+                    serde_json::json!({"scene_id": info.id, "sequences": seqs}),
+                );
+                return;
+            }
+            Err(e) => {
+                failures += 1;
+                if failures == 1 || failures % 60 == 0 {
+                    log::event(
+                        "delivery_blocked",
+                        &format!(
+                            "scene `{}`: its segments cannot be queued ({}); intake waits, retrying every second",
+                            info.id,
+                            error_chain(&e)
+                        ),
+                        serde_json::json!({"scene_id": info.id, "error": error_chain(&e)}),
+                    );
+                }
+                std::thread::sleep(std::time::Duration::from_secs(1));
+            }
+        }
+    }
 }

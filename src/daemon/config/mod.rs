@@ -65,6 +65,9 @@ pub struct RawConfig {
     /// `[models.NAME]`.
     #[serde(default)]
     pub models: BTreeMap<String, RawModel>,
+    /// `[delivery]`: the queue and its sinks besides the outbox.
+    #[serde(default)]
+    pub delivery: crate::delivery::RawDelivery,
 }
 
 /// `[listen]`: where sensors connect (at least one of the two).
@@ -193,6 +196,8 @@ pub struct Config {
     pub intake: Intake,
     /// The models, by name.
     pub models: BTreeMap<String, ModelConfig>,
+    /// Delivery downstream of the outbox.
+    pub delivery: crate::delivery::DeliveryConfig,
 }
 
 /// `[intake]`, validated.
@@ -304,6 +309,18 @@ impl RawConfig {
         }
 
         let intake = self.intake.validate(&bad)?;
+        let delivery = self
+            .delivery
+            .validate(base)
+            .map_err(|(key, message)| bad(&key, message))?;
+        if let Some(crate::delivery::config::SubscriberAddr::Unix(p)) = &delivery.subscriber
+            && (Some(p) == unix.as_ref() || *p == control)
+        {
+            return Err(bad(
+                "delivery.subscriber_unix",
+                "is the same socket as listen.unix or paths.control".into(),
+            ));
+        }
         let engine = self.engine.validate(&bad)?;
         if self.models.is_empty() {
             return Err(bad("models", "no model: add a [models.NAME] table".into()));
@@ -381,6 +398,7 @@ impl RawConfig {
             control,
             intake,
             models,
+            delivery,
         })
     }
 }
@@ -501,6 +519,9 @@ impl Config {
         }
         if self.control != new.control {
             keys.push("paths.control");
+        }
+        if self.delivery != new.delivery {
+            keys.push("delivery");
         }
         if self.intake.max_connections != new.intake.max_connections {
             keys.push("intake.max_connections");

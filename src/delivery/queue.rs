@@ -1,0 +1,538 @@
+//! The durable delivery queue: an append-only log of our own in `STATE/delivery/queue.log`.
+//!
+//! Why a log and not an embedded store (`redb`, `sled`): the queue holds a few small records per
+//! committed segment (the maps themselves stay in the outbox, written once by the set-atomic
+//! commit), is read whole at start and is only ever appended to, so a log of length-prefixed
+//! CBOR records with one `fdatasync` per append gives the durability an embedded B-tree would,
+//! without a second storage engine, its file format and its compaction threads on the device.
+//! `sled` has had no stable release for years; `redb` would do, but buys nothing here.
+//!
+//! Records, each `u32` big-endian length + one CBOR item: `next` (the next sequence number, first
+//! in a compacted log), `entry` (a segment to deliver, with its sequence number), `ack` (one sink
+//! acknowledged one sequence number). An entry leaves the queue when every sink configured now
+//! has acknowledged it. A record cut short by a crash (only the last one can be) is dropped at
+//! open and the log truncated to the records before it: its append had not returned, so nothing
+//! was told it was queued. When no entry is left, or the log passes [`COMPACT_BYTES`], it is
+//! rewritten (temporary file, sync, rename, folder sync) with what is still queued.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use super::DeliveryError;
+
+/// The log's file name inside the queue folder.
+pub const LOG: &str = "queue.log";
+
+/// A log longer than this is rewritten with only what is still queued.
+pub const COMPACT_BYTES: u64 = 4 << 20;
+
+/// The longest record accepted when reading the log back.
+const MAX_RECORD: usize = 1 << 20;
+
+/// One committed segment waiting for its sinks.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Its sequence number: unique on this node, increasing in queue order, kept across restarts.
+    pub seq: u64,
+    /// The scene id.
+    pub scene_id: String,
+    /// The scene's outbox folder.
+    pub scene_folder: PathBuf,
+    /// The segment's number in its scene, from 0.
+    pub segment: u64,
+    /// The folder whose `current` link names the segment's set.
+    pub folder: PathBuf,
+    /// The segment's first scene line.
+    pub first_line: u64,
+    /// Its lines.
+    pub lines: u64,
+    /// Pixels per line.
+    pub samples: u64,
+    /// Whether it is the scene's last segment.
+    pub last: bool,
+    /// The model's name.
+    pub model: String,
+    /// Class names, in class-id order.
+    pub classes: Vec<String>,
+    /// Class colours (RGB), in class-id order.
+    pub colours: Vec<[u8; 3]>,
+    /// The scene's ENVI `map info`, when it had one.
+    pub map_info: Option<String>,
+    /// The scene's ENVI `coordinate system string`, when it had one.
+    pub coordinate_system: Option<String>,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "r", rename_all = "lowercase")]
+enum Record {
+    Next { seq: u64 },
+    Entry(Box<Entry>),
+    Ack { seq: u64, sink: String },
+}
+
+#[derive(Debug)]
+struct Queued {
+    entry: Entry,
+    acked: BTreeSet<String>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    file: File,
+    bytes: u64,
+    next: u64,
+    entries: BTreeMap<u64, Queued>,
+    /// Intake waits while the queue is full; a drain lifts the wait.
+    unbounded: bool,
+}
+
+/// What the queue holds now, for `status`.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct QueueStatus {
+    /// Entries queued.
+    pub queued: usize,
+    /// The bound (`delivery.queue_max`).
+    pub max: usize,
+    /// Whether intake is paused for room.
+    pub full: bool,
+    /// The next sequence number.
+    pub next_seq: u64,
+    /// Per sink: entries it has not acknowledged.
+    pub pending: BTreeMap<String, usize>,
+}
+
+/// The queue: the log, the entries still queued in memory (metadata only) and the sinks.
+#[derive(Debug)]
+pub struct Queue {
+    dir: PathBuf,
+    sinks: Vec<String>,
+    max: usize,
+    inner: Mutex<Inner>,
+    changed: Condvar,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DeliveryError + '_ {
+    move |source| DeliveryError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn frame(record: &Record) -> Vec<u8> {
+    let mut body = Vec::new();
+    // Writing into a Vec cannot fail and every record serialises.
+    let _ = ciborium::into_writer(record, &mut body);
+    let mut out = Vec::with_capacity(body.len() + 4);
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+impl Queue {
+    /// Opens (or creates) the queue in `dir` for `sinks`, holding at most `max` entries before
+    /// intake waits; replays the log.
+    pub fn open(dir: &Path, sinks: Vec<String>, max: usize) -> Result<Self, DeliveryError> {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        let path = dir.join(LOG);
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        let mut data = Vec::new();
+        file.read_to_end(&mut data).map_err(io(&path))?;
+        let (records, good) = parse_log(&data, &path)?;
+        if good < data.len() as u64 {
+            // The tail of an append a crash cut short: nothing was told it was queued.
+            file.set_len(good).map_err(io(&path))?;
+            file.sync_data().map_err(io(&path))?;
+        }
+        let mut next = 0;
+        let mut entries: BTreeMap<u64, Queued> = BTreeMap::new();
+        for r in records {
+            match r {
+                Record::Next { seq } => next = next.max(seq),
+                Record::Entry(e) => {
+                    next = next.max(e.seq + 1);
+                    entries.insert(
+                        e.seq,
+                        Queued {
+                            entry: *e,
+                            acked: BTreeSet::new(),
+                        },
+                    );
+                }
+                Record::Ack { seq, sink } => {
+                    if let Some(q) = entries.get_mut(&seq) {
+                        q.acked.insert(sink);
+                    }
+                }
+            }
+        }
+        entries.retain(|_, q| !sinks.iter().all(|s| q.acked.contains(s)));
+        let queue = Self {
+            dir: dir.to_path_buf(),
+            sinks,
+            max,
+            inner: Mutex::new(Inner {
+                file,
+                bytes: good,
+                next,
+                entries,
+                unbounded: false,
+            }),
+            changed: Condvar::new(),
+        };
+        queue.compact(&mut queue.lock())?;
+        Ok(queue)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.join(LOG)
+    }
+
+    fn append(&self, inner: &mut Inner, records: &[Record]) -> Result<(), DeliveryError> {
+        let path = self.log_path();
+        let bytes: Vec<u8> = records.iter().flat_map(frame).collect();
+        inner.file.write_all(&bytes).map_err(io(&path))?;
+        inner.file.sync_data().map_err(io(&path))?;
+        inner.bytes += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Rewrites the log with only what is queued when it is empty of entries or too long.
+    fn compact(&self, inner: &mut Inner) -> Result<(), DeliveryError> {
+        let first = frame(&Record::Next { seq: inner.next }).len() as u64;
+        if !(inner.entries.is_empty() && inner.bytes > first) && inner.bytes <= COMPACT_BYTES {
+            return Ok(());
+        }
+        let tmp = self.dir.join(format!("{LOG}.tmp"));
+        let mut out = frame(&Record::Next { seq: inner.next });
+        for q in inner.entries.values() {
+            out.extend(frame(&Record::Entry(Box::new(q.entry.clone()))));
+            for sink in &q.acked {
+                out.extend(frame(&Record::Ack {
+                    seq: q.entry.seq,
+                    sink: sink.clone(),
+                }));
+            }
+        }
+        {
+            let mut f = File::create(&tmp).map_err(io(&tmp))?;
+            f.write_all(&out).map_err(io(&tmp))?;
+            f.sync_all().map_err(io(&tmp))?;
+        }
+        let path = self.log_path();
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io(&self.dir))?;
+        inner.file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        inner.bytes = out.len() as u64;
+        Ok(())
+    }
+
+    /// The sinks every entry waits for.
+    pub fn sinks(&self) -> &[String] {
+        &self.sinks
+    }
+
+    /// Queues `entries` (their `seq` is assigned here, in order) durably; returns their sequence
+    /// numbers once the log is synced. Never refuses for room: the segments are already
+    /// committed, and intake is what waits ([`Queue::wait_for_room`]).
+    pub fn push(&self, entries: Vec<Entry>) -> Result<Vec<u64>, DeliveryError> {
+        let mut inner = self.lock();
+        let mut seqs = Vec::with_capacity(entries.len());
+        let mut records = Vec::with_capacity(entries.len());
+        let mut next = inner.next;
+        for mut e in entries {
+            e.seq = next;
+            seqs.push(next);
+            next += 1;
+            records.push(Record::Entry(Box::new(e)));
+        }
+        self.append(&mut inner, &records)?;
+        inner.next = next;
+        for r in records {
+            if let Record::Entry(e) = r {
+                inner.entries.insert(
+                    e.seq,
+                    Queued {
+                        entry: *e,
+                        acked: BTreeSet::new(),
+                    },
+                );
+            }
+        }
+        self.changed.notify_all();
+        Ok(seqs)
+    }
+
+    /// The oldest entry `sink` has not acknowledged, waiting up to `timeout` for one.
+    pub fn next_for(&self, sink: &str, timeout: Duration) -> Option<Entry> {
+        let deadline = Instant::now() + timeout;
+        let mut inner = self.lock();
+        loop {
+            if let Some(q) = inner.entries.values().find(|q| !q.acked.contains(sink)) {
+                return Some(q.entry.clone());
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            inner = self
+                .changed
+                .wait_timeout(inner, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Records that `sink` has `seq` (durably); the entry leaves the queue once every sink has it.
+    /// An ack of a sequence number no longer queued is ignored.
+    pub fn ack(&self, seq: u64, sink: &str) -> Result<(), DeliveryError> {
+        let mut inner = self.lock();
+        let Some(q) = inner.entries.get(&seq) else {
+            return Ok(());
+        };
+        if q.acked.contains(sink) {
+            return Ok(());
+        }
+        self.append(
+            &mut inner,
+            &[Record::Ack {
+                seq,
+                sink: sink.to_string(),
+            }],
+        )?;
+        let done = match inner.entries.get_mut(&seq) {
+            Some(q) => {
+                q.acked.insert(sink.to_string());
+                self.sinks.iter().all(|s| q.acked.contains(s))
+            }
+            None => false,
+        };
+        if done {
+            inner.entries.remove(&seq);
+            self.compact(&mut inner)?;
+        }
+        self.changed.notify_all();
+        Ok(())
+    }
+
+    /// Entries queued now.
+    pub fn len(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Whether the queue holds `delivery.queue_max` entries or more.
+    pub fn full(&self) -> bool {
+        let inner = self.lock();
+        !inner.unbounded && inner.entries.len() >= self.max
+    }
+
+    /// Waits while the queue is full (up to `timeout`); true when there is room.
+    pub fn wait_for_room(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut inner = self.lock();
+        loop {
+            if inner.unbounded || inner.entries.len() < self.max {
+                return true;
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            inner = self
+                .changed
+                .wait_timeout(inner, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// Lifts the bound for good (a drain: the scenes already accepted run and are queued).
+    pub fn lift_bound(&self) {
+        self.lock().unbounded = true;
+        self.changed.notify_all();
+    }
+
+    /// Whether an entry of scene folder `folder` is queued (its scene finished before a crash).
+    pub fn holds_scene(&self, folder: &Path) -> bool {
+        self.lock().entries.values().any(|q| q.entry.scene_folder == folder)
+    }
+
+    /// What the queue holds now.
+    pub fn status(&self) -> QueueStatus {
+        let inner = self.lock();
+        QueueStatus {
+            queued: inner.entries.len(),
+            max: self.max,
+            full: !inner.unbounded && inner.entries.len() >= self.max,
+            next_seq: inner.next,
+            pending: self
+                .sinks
+                .iter()
+                .map(|s| {
+                    let n = inner.entries.values().filter(|q| !q.acked.contains(s)).count();
+                    (s.clone(), n)
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The records of `data` and the length of the part that holds whole records.
+fn parse_log(data: &[u8], path: &Path) -> Result<(Vec<Record>, u64), DeliveryError> {
+    let mut records = Vec::new();
+    let mut at = 0usize;
+    while at < data.len() {
+        let Some(len) = data.get(at..at + 4) else { break };
+        let n = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        if n > MAX_RECORD {
+            return Err(DeliveryError::Corrupt {
+                path: path.to_path_buf(),
+                offset: at as u64,
+                message: format!("a record of {n} bytes (at most {MAX_RECORD})"),
+            });
+        }
+        let Some(body) = data.get(at + 4..at + 4 + n) else {
+            break;
+        };
+        match ciborium::from_reader::<Record, _>(body) {
+            Ok(r) => records.push(r),
+            // The last record may be cut short; one before it never is.
+            Err(_) if at + 4 + n == data.len() => break,
+            Err(e) => {
+                return Err(DeliveryError::Corrupt {
+                    path: path.to_path_buf(),
+                    offset: at as u64,
+                    message: e.to_string(),
+                });
+            }
+        }
+        at += 4 + n;
+    }
+    Ok((records, at as u64))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(scene: &str, segment: u64) -> Entry {
+        Entry {
+            seq: 0,
+            scene_id: scene.into(),
+            scene_folder: format!("/o/{scene}").into(),
+            segment,
+            folder: format!("/o/{scene}/seg-{segment:06}").into(),
+            first_line: segment * 8,
+            lines: 8,
+            samples: 4,
+            last: false,
+            model: "m".into(),
+            classes: vec!["a".into(), "b".into()],
+            colours: vec![[1, 2, 3], [4, 5, 6]],
+            map_info: None,
+            coordinate_system: None,
+        }
+    }
+
+    fn sinks() -> Vec<String> {
+        vec!["socket".into(), "mqtt".into()]
+    }
+
+    #[test]
+    fn entries_leave_only_when_every_sink_acked_and_seqs_survive_reopening() {
+        let t = tempfile::tempdir().unwrap();
+        let q = Queue::open(t.path(), sinks(), 10).unwrap();
+        assert_eq!(q.push(vec![entry("a", 0), entry("a", 1)]).unwrap(), vec![0, 1]);
+        q.ack(0, "socket").unwrap();
+        assert_eq!(q.len(), 2);
+        assert_eq!(q.next_for("socket", Duration::ZERO).unwrap().seq, 1);
+        assert_eq!(q.next_for("mqtt", Duration::ZERO).unwrap().seq, 0);
+        q.ack(0, "mqtt").unwrap();
+        assert_eq!(q.len(), 1);
+        q.ack(1, "socket").unwrap();
+        drop(q);
+
+        // Reopened: the entry not yet acked by every sink is there with its number and its ack.
+        let q = Queue::open(t.path(), sinks(), 10).unwrap();
+        assert_eq!(q.len(), 1);
+        assert!(q.next_for("socket", Duration::ZERO).is_none());
+        let e = q.next_for("mqtt", Duration::ZERO).unwrap();
+        assert_eq!((e.seq, e.segment), (1, 1));
+        q.ack(1, "mqtt").unwrap();
+        assert!(q.is_empty());
+        drop(q);
+        // Emptied and compacted: numbering goes on, never reusing a sequence number.
+        let q = Queue::open(t.path(), sinks(), 10).unwrap();
+        assert_eq!(q.push(vec![entry("b", 0)]).unwrap(), vec![2]);
+        let len = std::fs::metadata(t.path().join(LOG)).unwrap().len();
+        assert!(len < 400, "compacted log of {len} bytes");
+    }
+
+    #[test]
+    fn a_record_cut_short_by_a_crash_is_dropped_and_the_rest_kept() {
+        let t = tempfile::tempdir().unwrap();
+        let q = Queue::open(t.path(), sinks(), 10).unwrap();
+        q.push(vec![entry("a", 0)]).unwrap();
+        q.push(vec![entry("a", 1)]).unwrap();
+        drop(q);
+        let path = t.path().join(LOG);
+        let full = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &full[..full.len() - 5]).unwrap();
+        let q = Queue::open(t.path(), sinks(), 10).unwrap();
+        assert_eq!(q.len(), 1);
+        // The cut record's number was never handed out, so it is given again.
+        assert_eq!(q.push(vec![entry("a", 1)]).unwrap(), vec![1]);
+        drop(q);
+        // Garbage in the middle is refused, naming the file and offset.
+        let mut bad = std::fs::read(&path).unwrap();
+        bad[5] ^= 0xff;
+        bad[6] ^= 0xff;
+        std::fs::write(&path, &bad).unwrap();
+        let err = Queue::open(t.path(), sinks(), 10).unwrap_err().to_string();
+        assert!(err.contains(LOG) && err.contains("offset"), "{err}");
+    }
+
+    #[test]
+    fn a_full_queue_makes_intake_wait_until_a_sink_acks_or_a_drain_lifts_the_bound() {
+        let t = tempfile::tempdir().unwrap();
+        let q = std::sync::Arc::new(Queue::open(t.path(), vec!["socket".into()], 2).unwrap());
+        q.push(vec![entry("a", 0), entry("a", 1)]).unwrap();
+        assert!(q.full());
+        assert!(!q.wait_for_room(Duration::from_millis(20)));
+        let q2 = q.clone();
+        let acker = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            q2.ack(0, "socket").unwrap();
+        });
+        assert!(q.wait_for_room(Duration::from_secs(10)));
+        acker.join().unwrap();
+        q.push(vec![entry("a", 2)]).unwrap();
+        assert!(q.full());
+        q.lift_bound();
+        assert!(!q.full() && q.wait_for_room(Duration::ZERO));
+        let s = q.status();
+        assert_eq!((s.queued, s.pending["socket"]), (2, 2));
+        assert!(q.holds_scene(Path::new("/o/a")) && !q.holds_scene(Path::new("/o/b")));
+    }
+}
