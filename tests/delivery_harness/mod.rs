@@ -69,7 +69,9 @@ impl Broker {
         std::fs::write(
             &conf,
             format!(
-                "listener {} 127.0.0.1\nallow_anonymous true\npersistence true\npersistence_location {}/\n",
+                // `user root`: run as root, mosquitto would otherwise drop to its own user, which
+                // cannot write the persistence file into the test's private folder.
+                "listener {} 127.0.0.1\nallow_anonymous true\nuser root\npersistence true\npersistence_location {}/\n",
                 self.port,
                 self.dir.display()
             ),
