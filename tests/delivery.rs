@@ -3,11 +3,14 @@
 //! byte for byte; a broker outage mid-stream is caught up in order with bounded memory; a
 //! subscriber that never acknowledges fills the queue to its bound and pauses intake while MQTT
 //! keeps receiving; two daemons through one broker reach one consumer group exactly once after
-//! de-duplication; `kill -9` after a scene is queued loses nothing and keeps its sequence number.
+//! de-duplication; `kill -9` after a scene is queued loses nothing and keeps its sequence number;
+//! a full outbox pauses intake until space returns.
 
 mod common;
 mod daemon_harness;
 mod delivery_harness;
+
+use common::skip;
 
 use std::time::{Duration, Instant};
 
@@ -214,7 +217,7 @@ fn a_subscriber_that_never_acks_fills_the_queue_pauses_intake_and_mqtt_keeps_rec
     consumer.wait_distinct(5, Duration::from_secs(60));
     let seqs: std::collections::BTreeSet<u64> = received.iter().map(|r| r["sequence"].as_u64().unwrap()).collect();
     assert_eq!(seqs, (0..5).collect());
-    daemon.wait_for("delivery_resumed", |_| true, Duration::ZERO);
+    daemon.wait_for("intake_resumed", |_| true, Duration::ZERO);
 }
 
 #[test]
@@ -316,4 +319,100 @@ fn a_daemon_killed_after_queueing_delivers_after_restart_with_the_same_sequence(
     sensor_ok(&cube, &daemon.unix(), &["--scene-id", "next"]);
     consumer.wait_distinct(2, Duration::from_secs(60));
     assert_eq!(consumer.segment("next").unwrap().sequence, 1);
+}
+
+/// A tmpfs mounted for the test, unmounted on drop.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` at `at`; `None` (skipped, with the reason) when that is not
+    /// possible here: not root, or no mount permission. In CI (root) it must work.
+    fn mount(at: &std::path::Path, size: &str) -> Option<Self> {
+        std::fs::create_dir_all(at).unwrap();
+        let root = std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Self(at.to_path_buf())),
+            other => {
+                let why = match other {
+                    Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+                    Err(e) => e.to_string(),
+                };
+                assert!(
+                    std::env::var("CI").is_err() || !root,
+                    "CI runs as root and must be able to mount a tmpfs: {why}"
+                );
+                skip(format!(
+                    "cannot mount a small tmpfs for the outbox (root: {root}): {why}"
+                ));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_outbox_pauses_intake_with_a_clear_status_and_work_resumes_when_space_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let Some(_fs) = Tmpfs::mount(&d.join("outbox"), "4m") else {
+        return;
+    };
+    let tables = format!(
+        "{}outbox_min_free_mib = 1\n",
+        delivery_tables(d, "edge-1", 16, true, None)
+    );
+    write_config_with(d, &tiny_model(), "queue = 1\n", &tables);
+    let daemon = Daemon::start(d);
+    // The outbox's file system left with less than 1 MiB.
+    let filler = d.join("outbox/filler");
+    std::fs::write(&filler, vec![7u8; 3 << 20 | 512 << 10]).unwrap();
+    let cube = tiny_cube(d, "pass", 40, 16);
+    let unix = daemon.unix();
+    let c = cube.clone();
+    let sensor = std::thread::spawn(move || {
+        let out = common::hsiedge()
+            .args(["simulate-sensor", "--scene"])
+            .arg(&c)
+            .args(["--rate", "0", "--connect", &unix, "--scene-id", "full-1"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    });
+    let full = daemon.wait_for("outbox_full", |_| true, Duration::from_secs(30));
+    assert!(full["msg"].as_str().unwrap().contains("outbox_min_free_mib"), "{full}");
+    std::thread::sleep(Duration::from_secs(1));
+    let s = daemon.control(r#"{"cmd":"status"}"#);
+    assert!(s["paused"]["tiny"].as_str().unwrap_or("").contains("MiB free"), "{s}");
+    assert_eq!(s["totals"]["scenes_done"], 0, "{s}");
+    assert!(!sensor.is_finished(), "the sensor must be held back");
+
+    std::fs::remove_file(&filler).unwrap();
+    daemon.wait_for("intake_resumed", |_| true, Duration::from_secs(30));
+    sensor.join().unwrap();
+    let received = subscribe(d, &d.join("sub"), 1);
+    assert_eq!(received[0]["scene_id"], "full-1");
+    let want = d.join("classify");
+    classify(&cube, &tiny(), "dense", 1, &want);
+    same_maps(&d.join("outbox/full-1"), &want);
+    for f in ["class_map.img", "confidence.img"] {
+        assert!(
+            read(&d.join("sub/edge-1/full-1/seg-000000").join(f)) == read(&want.join(f)),
+            "{f}"
+        );
+    }
+    assert_eq!(daemon.control(r#"{"cmd":"drain"}"#)["ok"], true);
+    assert_eq!(daemon.wait(Duration::from_secs(60)), Some(0));
 }

@@ -88,8 +88,15 @@ fn kill_9_at_random_points_loses_nothing_and_resends_keep_their_sequence() {
         let _ = daemon.wait(Duration::from_secs(10));
         let _ = sensor.wait();
         std::thread::sleep(Duration::from_millis(100));
-        let queued = log.lock().unwrap().iter().any(|v| v["event"] == "queued" && v["scene_id"] == st.as_str());
-        eprintln!("kill point {k}: after {} ms; streamed scene queued before the kill: {queued}", delay.as_millis());
+        let queued = log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|v| v["event"] == "queued" && v["scene_id"] == st.as_str());
+        eprintln!(
+            "kill point {k}: after {} ms; streamed scene queued before the kill: {queued}",
+            delay.as_millis()
+        );
 
         let daemon = Daemon::start(d);
         if !queued {
@@ -138,8 +145,14 @@ fn kill_9_at_random_points_loses_nothing_and_resends_keep_their_sequence() {
         }
         assert_eq!(segs.len(), LINES / SEGMENT, "{id}: segments {:?}", segs.keys());
         let joined = |name: &str| segs.values().flat_map(|s| file(s, name).to_vec()).collect::<Vec<u8>>();
-        assert!(joined("class_map.img") == class, "{id}: class map differs from classify");
-        assert!(joined("confidence.img") == conf, "{id}: confidence differs from classify");
+        assert!(
+            joined("class_map.img") == class,
+            "{id}: class map differs from classify"
+        );
+        assert!(
+            joined("confidence.img") == conf,
+            "{id}: confidence differs from classify"
+        );
     }
     eprintln!(
         "{points} kill points: {} scenes delivered, {} segments received ({duplicates} duplicates, same sequence and bytes), {resent} streamed scenes re-sent by the sensor",

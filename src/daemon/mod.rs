@@ -200,6 +200,7 @@ impl Shared {
             "rss_anon_bytes": own,
             "memory_budget": budget,
             "delivery": self.delivery.as_ref().map(|q| q.status()),
+            "paused": self.status.paused(),
         })
     }
 }

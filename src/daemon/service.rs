@@ -136,6 +136,8 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         state: config.state.clone(),
         status: status.clone(),
         delivery: queue.clone(),
+        outbox_min_free: config.delivery.outbox_min_free,
+        draining: std::sync::atomic::AtomicBool::new(false),
     });
     let pools = start_pools(&config, &ctx)?;
     let listening: Vec<String> = listeners.iter().map(Listener::describe).collect();
@@ -231,6 +233,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         // Scenes already accepted run to their end and are queued, full or not.
         q.lift_bound();
     }
+    lock(&daemon)
+        .ctx
+        .draining
+        .store(true, std::sync::atomic::Ordering::Release);
     warn(notifier.stopping(&shared.status.summary("draining")));
     if let Some(s) = spool {
         // Returns once a scene it is handing over has a place in its model's queue.

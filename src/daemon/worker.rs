@@ -37,6 +37,10 @@ pub struct WorkerContext {
     pub status: Arc<Status>,
     /// The delivery queue, when sinks besides the outbox are configured.
     pub delivery: Option<Arc<Queue>>,
+    /// Bytes the outbox's file system must have free before a scene is taken (0: not checked).
+    pub outbox_min_free: u64,
+    /// Set by a drain: a worker paused for room takes the scenes already accepted.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 /// A model's running workers.
@@ -158,10 +162,10 @@ fn work(
     ctx: &WorkerContext,
 ) {
     loop {
-        if let Some(q) = &ctx.delivery {
-            wait_for_room(q, model);
-        }
+        wait_for_intake(ctx, model);
         let Ok(job) = rx.recv() else { break };
+        // The pause may have begun while this worker waited for the scene: its lines stay unread.
+        wait_for_intake(ctx, model);
         if run_scene(&mut session, model, job, ctx).is_err() {
             // The run panicked (possible only where panics unwind: test and dev builds; the
             // release build aborts and systemd restarts it): the session may hold a half-done
@@ -397,30 +401,87 @@ fn fail_after_start(
     );
 }
 
-/// Waits while the delivery queue is full: this worker takes no scene, so its model's intake
-/// queue fills and the sensors see backpressure. Logged when the pause begins and ends.
-fn wait_for_room(q: &Queue, model: &str) {
-    if q.wait_for_room(std::time::Duration::ZERO) {
-        return;
+/// Why this worker must not take a scene now: the delivery queue at its bound, or the outbox's
+/// file system short of `delivery.outbox_min_free_mib`.
+fn pause_reason(ctx: &WorkerContext) -> Option<(&'static str, String)> {
+    if ctx.draining.load(Ordering::Acquire) {
+        return None;
     }
-    let s = q.status();
+    if let Some(q) = &ctx.delivery
+        && q.full()
+    {
+        let s = q.status();
+        return Some((
+            "delivery_full",
+            format!(
+                "delivery queue full ({} of {} segments not yet acknowledged by every sink)",
+                s.queued, s.max
+            ),
+        ));
+    }
+    if ctx.outbox_min_free > 0 {
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        match crate::ffi::available_bytes(&ctx.outbox) {
+            Ok(free) if free < ctx.outbox_min_free => {
+                return Some((
+                    "outbox_full",
+                    format!(
+                        "the outbox {} has {:.1} MiB free, under delivery.outbox_min_free_mib ({:.0} MiB)",
+                        ctx.outbox.display(),
+                        mib(free),
+                        mib(ctx.outbox_min_free)
+                    ),
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Some((
+                    "outbox_full",
+                    format!(
+                        "the outbox {}: its free space cannot be read: {e}",
+                        ctx.outbox.display()
+                    ),
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Waits while [`pause_reason`] gives a reason: this worker takes no scene, so its model's
+/// intake queue fills and the sensors see backpressure (a spool's cubes stay in its inbox).
+/// The pause is logged when it begins and ends, and `status` shows it meanwhile.
+fn wait_for_intake(ctx: &WorkerContext, model: &str) {
+    let Some((event, why)) = pause_reason(ctx) else {
+        return;
+    };
     log::event(
-        "delivery_full",
-        &format!(
-            "delivery queue full ({} of {} segments not yet acknowledged by every sink): model `{model}` takes no new scene until a sink catches up",
-            s.queued, s.max
-        ),
-        serde_json::json!({"model": model, "delivery": s}),
+        event,
+        &format!("{why}: model `{model}` takes no new scene until it clears"),
+        serde_json::json!({"model": model, "delivery": ctx.delivery.as_ref().map(|q| q.status())}),
     );
+    ctx.status.set_paused(model, Some(why));
     let t0 = Instant::now();
-    while !q.wait_for_room(std::time::Duration::from_secs(1)) {}
+    loop {
+        let tick = std::time::Duration::from_millis(250);
+        match &ctx.delivery {
+            // Woken as soon as a sink acknowledges.
+            Some(q) if q.full() => {
+                q.wait_for_room(tick);
+            }
+            _ => std::thread::sleep(tick),
+        }
+        match pause_reason(ctx) {
+            None => break,
+            Some((_, why)) => ctx.status.set_paused(model, Some(why)),
+        }
+    }
+    ctx.status.set_paused(model, None);
+    let paused_s = t0.elapsed().as_secs_f64();
     log::event(
-        "delivery_resumed",
-        &format!(
-            "delivery queue has room again after {:.1} s: model `{model}` takes scenes",
-            t0.elapsed().as_secs_f64()
-        ),
-        serde_json::json!({"model": model, "paused_s": t0.elapsed().as_secs_f64()}),
+        "intake_resumed",
+        &format!("model `{model}` takes scenes again after a pause of {paused_s:.1} s"),
+        serde_json::json!({"model": model, "paused_s": paused_s}),
     );
 }
 

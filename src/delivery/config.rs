@@ -23,6 +23,8 @@ pub struct RawDelivery {
     pub subscriber_tcp: Option<String>,
     /// Unix socket path CBOR subscribers connect to.
     pub subscriber_unix: Option<PathBuf>,
+    /// MiB the outbox's file system must have free before a worker takes a scene (0: no check).
+    pub outbox_min_free_mib: Option<u64>,
     /// `[delivery.mqtt]`.
     pub mqtt: Option<RawMqtt>,
 }
@@ -92,6 +94,8 @@ pub struct DeliveryConfig {
     pub subscriber: Option<SubscriberAddr>,
     /// The MQTT sink, if any.
     pub mqtt: Option<MqttConfig>,
+    /// Bytes the outbox's file system must have free before a worker takes a scene (0: no check).
+    pub outbox_min_free: u64,
 }
 
 impl Default for DeliveryConfig {
@@ -102,6 +106,7 @@ impl Default for DeliveryConfig {
             ack_timeout: Duration::from_secs_f64(defaults::ACK_TIMEOUT_S),
             subscriber: None,
             mqtt: None,
+            outbox_min_free: 0,
         }
     }
 }
@@ -168,7 +173,15 @@ impl RawDelivery {
                 })
             }
         };
+        let min_free = self.outbox_min_free_mib.unwrap_or(0);
+        if min_free > 1 << 30 {
+            return Err(bad(
+                "outbox_min_free_mib",
+                format!("{min_free} MiB is more than a disk"),
+            ));
+        }
         Ok(DeliveryConfig {
+            outbox_min_free: min_free << 20,
             node,
             queue_max,
             ack_timeout: Duration::from_secs_f64(ack),
