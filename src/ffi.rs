@@ -128,7 +128,7 @@ pub fn available_bytes(path: &std::path::Path) -> std::io::Result<u64> {
     }
     // SAFETY: statvfs returned 0, so it filled `s` (which was zeroed before anyway).
     let s = unsafe { s.assume_init() };
-    Ok(u64::from(s.f_bavail).saturating_mul(u64::from(s.f_frsize)))
+    Ok(s.f_bavail.saturating_mul(s.f_frsize))
 }
 
 /// Ends this process at once with SIGKILL, as `kill -9` from outside would: no destructor, exit

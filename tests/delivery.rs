@@ -114,9 +114,10 @@ fn a_broker_outage_mid_stream_is_caught_up_in_order_with_bounded_memory() {
     sensor_ok(&cube, &daemon.unix(), &["--scene-id", "before"]);
     consumer.wait_distinct(3, Duration::from_secs(60));
 
+    let before_kib = vm_rss_kib(pid);
     broker.stop();
     let t0 = Instant::now();
-    let mut peak_kib = vm_rss_kib(pid);
+    let mut peak_kib = before_kib;
     for id in ["during-1", "during-2", "during-3"] {
         sensor_ok(&cube, &daemon.unix(), &["--scene-id", id]);
         peak_kib = peak_kib.max(vm_rss_kib(pid));
@@ -134,9 +135,10 @@ fn a_broker_outage_mid_stream_is_caught_up_in_order_with_bounded_memory() {
     let back = Instant::now();
     consumer.wait_distinct(12, Duration::from_secs(60));
     eprintln!(
-        "broker down {:.1} s; backlog of 9 segments delivered {:.2} s after it returned; daemon peak VmRSS while down {} KiB",
+        "broker down {:.1} s; backlog of 9 segments delivered {:.2} s after it returned; daemon VmRSS {} KiB before, peak {} KiB while down",
         outage,
         back.elapsed().as_secs_f64(),
+        before_kib,
         peak_kib
     );
     // In order: by sequence overall, so by segment within each scene.

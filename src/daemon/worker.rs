@@ -544,7 +544,7 @@ fn enqueue(
             }
             Err(e) => {
                 failures += 1;
-                if failures == 1 || failures % 60 == 0 {
+                if failures == 1 || failures.is_multiple_of(60) {
                     log::event(
                         "delivery_blocked",
                         &format!(

@@ -148,7 +148,7 @@ pub fn run(m: &MqttConfig, queue: &Queue, config: &DeliveryConfig, stop: &Atomic
             Err(why) => {
                 failures += 1;
                 // A broker that stays away is logged at the first failure and then every 60th.
-                if failures == 1 || failures % 60 == 0 {
+                if failures == 1 || failures.is_multiple_of(60) {
                     log::event(
                         "mqtt_down",
                         &format!(
