@@ -514,12 +514,17 @@ fn enqueue(
             colours: (0..k).map(|c| manifest.color(c)).collect(),
             map_info: info.header.map_info.clone(),
             coordinate_system: info.header.coordinate_system.clone(),
+            // Unreadable maps get no digest (0): such a segment is never taken for an earlier one
+            // unless that one was unreadable too, and the sink reports the read error.
+            digest: crate::delivery::message::digest(&s.folder).unwrap_or(0),
         })
         .collect();
     let mut failures = 0u64;
     loop {
         match q.push(entries.clone()) {
-            Ok(seqs) => {
+            Ok(pushed) => {
+                let seqs: Vec<u64> = pushed.iter().map(|p| p.seq).collect();
+                let again: Vec<u64> = pushed.iter().filter(|p| !p.new).map(|p| p.seq).collect();
                 if failures > 0 {
                     log::event(
                         "delivery_resumed",
@@ -533,12 +538,17 @@ fn enqueue(
                 log::event(
                     "queued",
                     &format!(
-                        "scene `{}`: {} segment(s) queued for delivery as {:?}",
+                        "scene `{}`: {} segment(s) queued for delivery as {:?}{}",
                         info.id,
                         seqs.len(),
-                        seqs
+                        seqs,
+                        if again.is_empty() {
+                            String::new()
+                        } else {
+                            format!("; {again:?} identical to an earlier run's, queued once")
+                        }
                     ),
-                    serde_json::json!({"scene_id": info.id, "sequences": seqs}),
+                    serde_json::json!({"scene_id": info.id, "sequences": seqs, "queued_before": again}),
                 );
                 return;
             }

@@ -138,6 +138,37 @@ pub fn build(entry: &Entry, node: &str) -> Result<Segment, DeliveryError> {
     })
 }
 
+/// A digest of a segment's maps: FNV-1a (64 bits) over the names and bytes of the `.img` files of
+/// the set in force in `folder`, in name order. Headers, summary and quick-look are left out: they
+/// name the run. Two runs of one scene give the same maps, so the same digest.
+pub fn digest(folder: &Path) -> Result<u64, DeliveryError> {
+    let set = folder.join(crate::map::CURRENT);
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| DeliveryError::Io { path, source }
+    };
+    let mut names: Vec<String> = std::fs::read_dir(&set)
+        .map_err(io(&set))?
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|n| n.ends_with(".img"))
+        .collect();
+    names.sort();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    };
+    for n in &names {
+        let path = set.join(n);
+        feed(n.as_bytes());
+        feed(&std::fs::read(&path).map_err(io(&path))?);
+    }
+    Ok(h)
+}
+
 /// The CBOR item of `value` (what MQTT carries).
 pub fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     let mut body = Vec::new();
@@ -250,6 +281,7 @@ mod tests {
             colours: vec![[9, 9, 9]],
             map_info: Some("{UTM, 1}".into()),
             coordinate_system: None,
+            digest: 0,
         };
         let m = build(&entry, "edge-1").unwrap();
         let names: Vec<_> = m.files.iter().map(|f| f.name.as_str()).collect();
@@ -257,6 +289,12 @@ mod tests {
         assert_eq!((m.sequence, m.segment, m.node.as_str()), (3, 2, "edge-1"));
         let back: Segment = decode(&encode(&m), "t").unwrap();
         assert_eq!(back, m);
+        // The digest covers the maps' names and bytes only.
+        let d = digest(t.path()).unwrap();
+        std::fs::write(set.join("a.hdr"), b"another run id").unwrap();
+        assert_eq!(digest(t.path()).unwrap(), d);
+        std::fs::write(set.join("z.img"), b"zy").unwrap();
+        assert_ne!(digest(t.path()).unwrap(), d);
         // A segment whose set is gone names the folder.
         std::fs::remove_file(t.path().join("current")).unwrap();
         let err = build(&entry, "n").unwrap_err().to_string();

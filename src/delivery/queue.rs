@@ -66,14 +66,45 @@ pub struct Entry {
     pub map_info: Option<String>,
     /// The scene's ENVI `coordinate system string`, when it had one.
     pub coordinate_system: Option<String>,
+    /// [`super::message::digest`] of the segment's maps: the same scene id, segment and digest
+    /// queued again (a scene run twice) keeps its first sequence number.
+    #[serde(default)]
+    pub digest: u64,
+}
+
+/// How many delivered segments are remembered for [`Queue::push`]'s duplicate check.
+pub const RECENT: usize = 1024;
+
+/// What identifies a segment across runs of its scene: scene id, segment number, digest.
+type SegmentKey = (String, u64, u64);
+
+/// What [`Queue::push`] did with one entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pushed {
+    /// Its sequence number.
+    pub seq: u64,
+    /// False when the same segment (scene id, number, maps) was queued before: it keeps that
+    /// sequence number and is not queued again.
+    pub new: bool,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "r", rename_all = "lowercase")]
 enum Record {
-    Next { seq: u64 },
+    Next {
+        seq: u64,
+    },
     Entry(Box<Entry>),
-    Ack { seq: u64, sink: String },
+    Ack {
+        seq: u64,
+        sink: String,
+    },
+    Seen {
+        scene_id: String,
+        segment: u64,
+        digest: u64,
+        seq: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -88,8 +119,29 @@ struct Inner {
     bytes: u64,
     next: u64,
     entries: BTreeMap<u64, Queued>,
+    /// Segments queued lately (delivered or not), oldest first, for the duplicate check.
+    recent: std::collections::VecDeque<(SegmentKey, u64)>,
     /// Intake waits while the queue is full; a drain lifts the wait.
     unbounded: bool,
+    /// Records were appended since the log was last compacted.
+    dirty: bool,
+}
+
+impl Inner {
+    fn remember(&mut self, key: SegmentKey, seq: u64) {
+        self.recent.push_back((key, seq));
+        while self.recent.len() > RECENT {
+            self.recent.pop_front();
+        }
+    }
+
+    fn known(&self, key: &SegmentKey) -> Option<u64> {
+        self.recent.iter().rev().find(|(k, _)| k == key).map(|(_, s)| *s)
+    }
+}
+
+fn key_of(e: &Entry) -> SegmentKey {
+    (e.scene_id.clone(), e.segment, e.digest)
 }
 
 /// What the queue holds now, for `status`.
@@ -156,11 +208,19 @@ impl Queue {
         }
         let mut next = 0;
         let mut entries: BTreeMap<u64, Queued> = BTreeMap::new();
+        let mut recent = Vec::new();
         for r in records {
             match r {
                 Record::Next { seq } => next = next.max(seq),
+                Record::Seen {
+                    scene_id,
+                    segment,
+                    digest,
+                    seq,
+                } => recent.push(((scene_id, segment, digest), seq)),
                 Record::Entry(e) => {
                     next = next.max(e.seq + 1);
+                    recent.push((key_of(&e), e.seq));
                     entries.insert(
                         e.seq,
                         Queued {
@@ -177,17 +237,23 @@ impl Queue {
             }
         }
         entries.retain(|_, q| !sinks.iter().all(|s| q.acked.contains(s)));
+        let mut inner = Inner {
+            file,
+            bytes: good,
+            next,
+            entries,
+            recent: Default::default(),
+            unbounded: false,
+            dirty: true,
+        };
+        for (k, s) in recent {
+            inner.remember(k, s);
+        }
         let queue = Self {
             dir: dir.to_path_buf(),
             sinks,
             max,
-            inner: Mutex::new(Inner {
-                file,
-                bytes: good,
-                next,
-                entries,
-                unbounded: false,
-            }),
+            inner: Mutex::new(inner),
             changed: Condvar::new(),
         };
         queue.compact(&mut queue.lock())?;
@@ -208,17 +274,27 @@ impl Queue {
         inner.file.write_all(&bytes).map_err(io(&path))?;
         inner.file.sync_data().map_err(io(&path))?;
         inner.bytes += bytes.len() as u64;
+        inner.dirty = true;
         Ok(())
     }
 
     /// Rewrites the log with only what is queued when it is empty of entries or too long.
     fn compact(&self, inner: &mut Inner) -> Result<(), DeliveryError> {
-        let first = frame(&Record::Next { seq: inner.next }).len() as u64;
-        if !(inner.entries.is_empty() && inner.bytes > first) && inner.bytes <= COMPACT_BYTES {
+        if !(inner.entries.is_empty() && inner.dirty) && inner.bytes <= COMPACT_BYTES {
             return Ok(());
         }
         let tmp = self.dir.join(format!("{LOG}.tmp"));
         let mut out = frame(&Record::Next { seq: inner.next });
+        for ((scene_id, segment, digest), seq) in &inner.recent {
+            if !inner.entries.contains_key(seq) {
+                out.extend(frame(&Record::Seen {
+                    scene_id: scene_id.clone(),
+                    segment: *segment,
+                    digest: *digest,
+                    seq: *seq,
+                }));
+            }
+        }
         for q in inner.entries.values() {
             out.extend(frame(&Record::Entry(Box::new(q.entry.clone()))));
             for sink in &q.acked {
@@ -244,6 +320,7 @@ impl Queue {
             .open(&path)
             .map_err(io(&path))?;
         inner.bytes = out.len() as u64;
+        inner.dirty = false;
         Ok(())
     }
 
@@ -252,24 +329,41 @@ impl Queue {
         &self.sinks
     }
 
-    /// Queues `entries` (their `seq` is assigned here, in order) durably; returns their sequence
-    /// numbers once the log is synced. Never refuses for room: the segments are already
-    /// committed, and intake is what waits ([`Queue::wait_for_room`]).
-    pub fn push(&self, entries: Vec<Entry>) -> Result<Vec<u64>, DeliveryError> {
+    /// Queues `entries` (their `seq` is assigned here, in order) durably, once the log is synced.
+    /// An entry whose segment (scene id, number, digest) was queued before — its scene run again
+    /// after a crash or a resend — is not queued again and keeps its first sequence number. Never
+    /// refuses for room: the segments are already committed, and intake is what waits
+    /// ([`Queue::wait_for_room`]).
+    pub fn push(&self, entries: Vec<Entry>) -> Result<Vec<Pushed>, DeliveryError> {
         let mut inner = self.lock();
-        let mut seqs = Vec::with_capacity(entries.len());
+        let mut pushed = Vec::with_capacity(entries.len());
         let mut records = Vec::with_capacity(entries.len());
         let mut next = inner.next;
         for mut e in entries {
+            let key = key_of(&e);
+            let earlier = inner.known(&key).or_else(|| {
+                records.iter().find_map(|r| match r {
+                    Record::Entry(q) if key_of(q) == key => Some(q.seq),
+                    _ => None,
+                })
+            });
+            if let Some(seq) = earlier {
+                pushed.push(Pushed { seq, new: false });
+                continue;
+            }
             e.seq = next;
-            seqs.push(next);
+            pushed.push(Pushed { seq: next, new: true });
             next += 1;
             records.push(Record::Entry(Box::new(e)));
+        }
+        if records.is_empty() {
+            return Ok(pushed);
         }
         self.append(&mut inner, &records)?;
         inner.next = next;
         for r in records {
             if let Record::Entry(e) = r {
+                inner.remember(key_of(&e), e.seq);
                 inner.entries.insert(
                     e.seq,
                     Queued {
@@ -280,7 +374,7 @@ impl Queue {
             }
         }
         self.changed.notify_all();
-        Ok(seqs)
+        Ok(pushed)
     }
 
     /// The oldest entry `sink` has not acknowledged, waiting up to `timeout` for one.
@@ -452,7 +546,12 @@ mod tests {
             colours: vec![[1, 2, 3], [4, 5, 6]],
             map_info: None,
             coordinate_system: None,
+            digest: segment,
         }
+    }
+
+    fn seqs(p: Result<Vec<Pushed>, DeliveryError>) -> Vec<u64> {
+        p.unwrap().iter().map(|p| p.seq).collect()
     }
 
     fn sinks() -> Vec<String> {
@@ -463,7 +562,7 @@ mod tests {
     fn entries_leave_only_when_every_sink_acked_and_seqs_survive_reopening() {
         let t = tempfile::tempdir().unwrap();
         let q = Queue::open(t.path(), sinks(), 10).unwrap();
-        assert_eq!(q.push(vec![entry("a", 0), entry("a", 1)]).unwrap(), vec![0, 1]);
+        assert_eq!(seqs(q.push(vec![entry("a", 0), entry("a", 1)])), vec![0, 1]);
         q.ack(0, "socket").unwrap();
         assert_eq!(q.len(), 2);
         assert_eq!(q.next_for("socket", Duration::ZERO).unwrap().seq, 1);
@@ -484,9 +583,35 @@ mod tests {
         drop(q);
         // Emptied and compacted: numbering goes on, never reusing a sequence number.
         let q = Queue::open(t.path(), sinks(), 10).unwrap();
-        assert_eq!(q.push(vec![entry("b", 0)]).unwrap(), vec![2]);
+        assert_eq!(seqs(q.push(vec![entry("b", 0)])), vec![2]);
         let len = std::fs::metadata(t.path().join(LOG)).unwrap().len();
         assert!(len < 400, "compacted log of {len} bytes");
+    }
+
+    #[test]
+    fn a_segment_queued_again_keeps_its_first_sequence_number_even_once_delivered() {
+        let t = tempfile::tempdir().unwrap();
+        let q = Queue::open(t.path(), vec!["mqtt".into()], 10).unwrap();
+        let with = |segment, digest| Entry {
+            digest,
+            ..entry("a", segment)
+        };
+        assert_eq!(seqs(q.push(vec![with(0, 7), with(1, 8)])), vec![0, 1]);
+        // The same scene run again: identical segments keep their numbers and are not queued
+        // twice; a segment whose maps differ is a new one.
+        let again = q.push(vec![with(0, 7), with(1, 9)]).unwrap();
+        assert_eq!(again, vec![Pushed { seq: 0, new: false }, Pushed { seq: 2, new: true }]);
+        assert_eq!(q.len(), 3);
+        for s in 0..3 {
+            q.ack(s, "mqtt").unwrap();
+        }
+        drop(q);
+        // Delivered, compacted and reopened: still recognised.
+        let q = Queue::open(t.path(), vec!["mqtt".into()], 10).unwrap();
+        assert!(q.is_empty());
+        assert_eq!(q.push(vec![with(1, 8)]).unwrap(), vec![Pushed { seq: 1, new: false }]);
+        assert!(q.is_empty());
+        assert_eq!(seqs(q.push(vec![with(1, 10)])), vec![3]);
     }
 
     #[test]
@@ -502,7 +627,7 @@ mod tests {
         let q = Queue::open(t.path(), sinks(), 10).unwrap();
         assert_eq!(q.len(), 1);
         // The cut record's number was never handed out, so it is given again.
-        assert_eq!(q.push(vec![entry("a", 1)]).unwrap(), vec![1]);
+        assert_eq!(seqs(q.push(vec![entry("a", 1)])), vec![1]);
         drop(q);
         // Garbage in the middle is refused, naming the file and offset.
         let mut bad = std::fs::read(&path).unwrap();
