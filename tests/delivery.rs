@@ -418,3 +418,60 @@ fn a_full_outbox_pauses_intake_with_a_clear_status_and_work_resumes_when_space_r
     assert_eq!(daemon.control(r#"{"cmd":"drain"}"#)["ok"], true);
     assert_eq!(daemon.wait(Duration::from_secs(60)), Some(0));
 }
+
+#[test]
+fn a_long_pass_is_delivered_segment_by_segment_while_it_streams() {
+    if !have_mosquitto() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let broker = Broker::start(&d.join("broker"));
+    let consumer = Consumer::start(broker.port, "ground-1", "hsiedge/+/+/segment");
+    write_config_with(
+        d,
+        &tiny_model(),
+        "segment_lines = 16\n",
+        &delivery_tables(d, "edge-1", 64, false, Some(&broker.addr())),
+    );
+    let daemon = Daemon::start(d);
+    let cube = tiny_cube(d, "pass", 96, 16);
+    // 96 lines at 40 lines/s: 2.4 s of pass, six segments.
+    let mut sensor = common::hsiedge()
+        .args(["simulate-sensor", "--scene"])
+        .arg(&cube)
+        .args(["--rate", "40", "--connect", &daemon.unix(), "--scene-id", "long"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    consumer.wait_distinct(1, Duration::from_secs(30));
+    let first = consumer.got.lock().unwrap()[0].clone();
+    assert_eq!((first.segment, first.last), (0, false));
+    assert!(
+        daemon.events("scene_done").is_empty(),
+        "segment 0 must arrive while the pass still streams"
+    );
+    assert!(sensor.wait().unwrap().success());
+    consumer.wait_distinct(6, Duration::from_secs(30));
+    let segs: Vec<(u64, u64, bool)> = consumer
+        .got
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| (s.sequence, s.segment, s.last))
+        .collect();
+    assert_eq!(segs.last(), Some(&(5, 5, true)), "{segs:?}");
+    let want = d.join("classify");
+    classify(&cube, &tiny(), "dense", 1, &want);
+    let joined: Vec<u8> = consumer
+        .got
+        .lock()
+        .unwrap()
+        .iter()
+        .flat_map(|s| file(s, "class_map.img").to_vec())
+        .collect();
+    assert!(
+        joined == read(&want.join("class_map.img")),
+        "the segments put together differ from classify"
+    );
+}

@@ -93,7 +93,7 @@ fn kill_9_at_random_points_loses_nothing_and_resends_keep_their_sequence() {
             .lock()
             .unwrap()
             .iter()
-            .any(|v| v["event"] == "queued" && v["scene_id"] == st.as_str());
+            .any(|v| v["event"] == "queued" && v["scene_id"] == st.as_str() && v["last"] == true);
         eprintln!(
             "kill point {k}: after {} ms; streamed scene queued before the kill: {queued}",
             delay.as_millis()
@@ -105,7 +105,11 @@ fn kill_9_at_random_points_loses_nothing_and_resends_keep_their_sequence() {
         // again and its identical segments keep their sequence numbers.
         sensor_ok(&cube, &daemon.unix(), &["--scene-id", &st]);
         if queued {
-            daemon.wait_for("queued", |v| v["scene_id"] == st.as_str(), Duration::from_secs(60));
+            daemon.wait_for(
+                "queued",
+                |v| v["scene_id"] == st.as_str() && v["last"] == true,
+                Duration::from_secs(60),
+            );
             resent += 1;
         }
         for id in [&st, &sp] {

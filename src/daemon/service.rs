@@ -107,6 +107,12 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     let queue = delivery.as_ref().map(|d| d.queue.clone());
     let completed = |f: &Path| queue.as_ref().is_some_and(|q| q.holds_scene(f));
     for i in outbox::recover(&config.outbox, &config.state, &completed)? {
+        // What the interrupted scene committed and queued is delivered from where it went.
+        if let (Some(q), Some(to)) = (&queue, &i.moved_to)
+            && let Err(e) = q.relocate(&i.folder, to)
+        {
+            log::event("warning", &error_chain(&e), serde_json::json!({"folder": i.folder}));
+        }
         log::event(
             "recovered",
             &format!(

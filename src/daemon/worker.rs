@@ -257,17 +257,33 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
         segment_lines,
         keep_scores: false,
     };
+    let labels = Labels::of(session.manifest());
     let (result, rss_peak) = with_peak_anon(root, || {
         std::panic::catch_unwind(AssertUnwindSafe(|| {
             let mut counted = Counted {
                 inner: scene.source(),
                 lines: &entry.lines,
             };
+            // Each segment is queued for delivery as soon as it is committed.
+            let mut queue_segment = |rec: &crate::map::SegmentRecord, last: bool| {
+                // A segment that fills up is committed before the scene's end is seen; a scene of
+                // announced length knows it is the last.
+                let last = last || info.lines == Some(rec.first_line + rec.lines);
+                if let Some(q) = &ctx.delivery {
+                    enqueue(q, &labels, model, &info, &folder, rec, last);
+                }
+            };
             let outcome = session
-                .run_stream(&mut counted, &folder, segments, &mut |px| {
-                    entry.pixels.store(px.pixels_done as u64, Ordering::Relaxed);
-                    entry.batch.store(px.batch as u64, Ordering::Relaxed);
-                })
+                .run_stream_with(
+                    &mut counted,
+                    &folder,
+                    segments,
+                    &mut |px| {
+                        entry.pixels.store(px.pixels_done as u64, Ordering::Relaxed);
+                        entry.batch.store(px.batch as u64, Ordering::Relaxed);
+                    },
+                    &mut queue_segment,
+                )
                 .map_err(|e| error_chain(&e))?;
             scene.complete().map_err(|e| error_chain(&e))?;
             Ok::<_, String>(outcome)
@@ -283,9 +299,6 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
     });
     let (ok, panicked) = match result {
         Ok(Ok(outcome)) => {
-            if let Some(q) = &ctx.delivery {
-                enqueue(q, session.manifest(), model, &info, &folder, &outcome.segments);
-            }
             let lines = outcome.run.lines as u64;
             ctx.status.count(|t| {
                 t.scenes_done += 1;
@@ -375,6 +388,11 @@ fn fail_after_start(
         "error": error,
     });
     let moved = outbox::move_aside(&ctx.outbox, folder, &record);
+    if let (Ok(to), Some(q)) = (&moved, &ctx.delivery)
+        && let Err(e) = q.relocate(folder, to)
+    {
+        log::event("warning", &error_chain(&e), serde_json::json!({"folder": folder}));
+    }
     let (moved_to, note) = match &moved {
         Ok(to) => (serde_json::json!(to), format!("moved to {}", to.display())),
         Err(e) => (
@@ -485,40 +503,51 @@ fn wait_for_intake(ctx: &WorkerContext, model: &str) {
     );
 }
 
-/// Queues the committed segments of a finished scene for delivery. The segments are on disk
-/// already, so a queue that cannot be written (state disk full) is retried until it can: the
-/// worker, and with it intake, waits meanwhile.
+/// Class names and colours of a model, as every message of its scenes carries them.
+struct Labels {
+    classes: Vec<String>,
+    colours: Vec<[u8; 3]>,
+}
+
+impl Labels {
+    fn of(m: &crate::model::Manifest) -> Self {
+        Self {
+            classes: m.outputs.iter().map(|o| o.name.clone()).collect(),
+            colours: (0..m.classes()).map(|c| m.color(c)).collect(),
+        }
+    }
+}
+
+/// Queues one committed segment for delivery. It is on disk already, so a queue that cannot be
+/// written (state disk full) is retried until it can: the scene, and with it intake, waits.
 fn enqueue(
     q: &Queue,
-    manifest: &crate::model::Manifest,
+    labels: &Labels,
     model: &str,
     info: &SceneInfo,
     folder: &Path,
-    segments: &[crate::map::SegmentRecord],
+    s: &crate::map::SegmentRecord,
+    last: bool,
 ) {
-    let k = manifest.classes();
-    let entries: Vec<Entry> = segments
-        .iter()
-        .map(|s| Entry {
-            seq: 0,
-            scene_id: info.id.clone(),
-            scene_folder: folder.to_path_buf(),
-            segment: s.index as u64,
-            folder: s.folder.clone(),
-            first_line: s.first_line as u64,
-            lines: s.lines as u64,
-            samples: info.samples as u64,
-            last: s.index + 1 == segments.len(),
-            model: model.to_string(),
-            classes: manifest.outputs.iter().map(|o| o.name.clone()).collect(),
-            colours: (0..k).map(|c| manifest.color(c)).collect(),
-            map_info: info.header.map_info.clone(),
-            coordinate_system: info.header.coordinate_system.clone(),
-            // Unreadable maps get no digest (0): such a segment is never taken for an earlier one
-            // unless that one was unreadable too, and the sink reports the read error.
-            digest: crate::delivery::message::digest(&s.folder).unwrap_or(0),
-        })
-        .collect();
+    let entries = vec![Entry {
+        seq: 0,
+        scene_id: info.id.clone(),
+        scene_folder: folder.to_path_buf(),
+        segment: s.index as u64,
+        folder: s.folder.clone(),
+        first_line: s.first_line as u64,
+        lines: s.lines as u64,
+        samples: info.samples as u64,
+        last,
+        model: model.to_string(),
+        classes: labels.classes.clone(),
+        colours: labels.colours.clone(),
+        map_info: info.header.map_info.clone(),
+        coordinate_system: info.header.coordinate_system.clone(),
+        // Unreadable maps get no digest (0): such a segment is never taken for an earlier one
+        // unless that one was unreadable too, and the sink reports the read error.
+        digest: crate::delivery::message::digest(&s.folder).unwrap_or(0),
+    }];
     let mut failures = 0u64;
     loop {
         match q.push(entries.clone()) {
@@ -538,17 +567,24 @@ fn enqueue(
                 log::event(
                     "queued",
                     &format!(
-                        "scene `{}`: {} segment(s) queued for delivery as {:?}{}",
+                        "scene `{}` segment {}{}: queued for delivery as {:?}{}",
                         info.id,
-                        seqs.len(),
+                        s.index,
+                        if last { " (its last)" } else { "" },
                         seqs,
                         if again.is_empty() {
-                            String::new()
+                            ""
                         } else {
-                            format!("; {again:?} identical to an earlier run's, queued once")
+                            "; identical to an earlier run's, queued once"
                         }
                     ),
-                    serde_json::json!({"scene_id": info.id, "sequences": seqs, "queued_before": again}),
+                    serde_json::json!({
+                        "scene_id": info.id,
+                        "segment": s.index,
+                        "last": last,
+                        "sequences": seqs,
+                        "queued_before": again,
+                    }),
                 );
                 return;
             }

@@ -105,6 +105,22 @@ enum Record {
         digest: u64,
         seq: u64,
     },
+    Moved {
+        from: PathBuf,
+        to: PathBuf,
+    },
+}
+
+/// Points the entries of scene folder `from` at `to`.
+fn relocate(entries: &mut BTreeMap<u64, Queued>, from: &Path, to: &Path) {
+    for q in entries.values_mut() {
+        if q.entry.scene_folder == from {
+            if let Ok(rest) = q.entry.folder.strip_prefix(from) {
+                q.entry.folder = to.join(rest);
+            }
+            q.entry.scene_folder = to.to_path_buf();
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -234,6 +250,7 @@ impl Queue {
                         q.acked.insert(sink);
                     }
                 }
+                Record::Moved { from, to } => relocate(&mut entries, &from, &to),
             }
         }
         entries.retain(|_, q| !sinks.iter().all(|s| q.acked.contains(s)));
@@ -467,9 +484,31 @@ impl Queue {
         self.changed.notify_all();
     }
 
-    /// Whether an entry of scene folder `folder` is queued (its scene finished before a crash).
+    /// Whether the last segment of the scene in `folder` is queued (the scene finished before a
+    /// crash, and what it committed waits for a sink).
     pub fn holds_scene(&self, folder: &Path) -> bool {
-        self.lock().entries.values().any(|q| q.entry.scene_folder == folder)
+        self.lock()
+            .entries
+            .values()
+            .any(|q| q.entry.scene_folder == folder && q.entry.last)
+    }
+
+    /// Records (durably) that the scene folder `from` was moved to `to` (a failed or interrupted
+    /// scene set aside): its queued segments are read from there.
+    pub fn relocate(&self, from: &Path, to: &Path) -> Result<(), DeliveryError> {
+        let mut inner = self.lock();
+        if !inner.entries.values().any(|q| q.entry.scene_folder == from) {
+            return Ok(());
+        }
+        self.append(
+            &mut inner,
+            &[Record::Moved {
+                from: from.to_path_buf(),
+                to: to.to_path_buf(),
+            }],
+        )?;
+        relocate(&mut inner.entries, from, to);
+        Ok(())
     }
 
     /// What the queue holds now.
@@ -615,6 +654,21 @@ mod tests {
     }
 
     #[test]
+    fn segments_of_a_scene_set_aside_are_read_from_where_it_went_after_reopening() {
+        let t = tempfile::tempdir().unwrap();
+        let q = Queue::open(t.path(), sinks(), 10).unwrap();
+        q.push(vec![entry("a", 0)]).unwrap();
+        // Not the last segment: the scene did not finish.
+        assert!(!q.holds_scene(Path::new("/o/a")));
+        q.relocate(Path::new("/o/a"), Path::new("/o/.failed/a")).unwrap();
+        drop(q);
+        let q = Queue::open(t.path(), sinks(), 10).unwrap();
+        let e = q.next_for("mqtt", Duration::ZERO).unwrap();
+        assert_eq!(e.folder, Path::new("/o/.failed/a/seg-000000"));
+        assert_eq!(e.scene_folder, Path::new("/o/.failed/a"));
+    }
+
+    #[test]
     fn a_record_cut_short_by_a_crash_is_dropped_and_the_rest_kept() {
         let t = tempfile::tempdir().unwrap();
         let q = Queue::open(t.path(), sinks(), 10).unwrap();
@@ -658,6 +712,11 @@ mod tests {
         assert!(!q.full() && q.wait_for_room(Duration::ZERO));
         let s = q.status();
         assert_eq!((s.queued, s.pending["socket"]), (2, 2));
+        q.push(vec![Entry {
+            last: true,
+            ..entry("a", 3)
+        }])
+        .unwrap();
         assert!(q.holds_scene(Path::new("/o/a")) && !q.holds_scene(Path::new("/o/b")));
     }
 }
