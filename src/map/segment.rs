@@ -32,6 +32,9 @@ pub struct SegmentRecord {
     pub run_id: String,
 }
 
+/// Told of each committed segment and whether it is the scene's last ([`SegmentWriter::on_commit`]).
+pub type OnCommit<'m> = Box<dyn FnMut(&SegmentRecord, bool) + 'm>;
+
 /// What a segment's `summary.json` says besides its maps.
 #[derive(Debug, Clone, serde::Serialize)]
 struct SegmentSummary<'a> {
@@ -65,7 +68,7 @@ pub struct SegmentWriter<'m> {
     /// Merged into each segment's summary (the source's statistics, timings).
     extra: serde_json::Value,
     /// Told of each segment once it is committed, and whether it is the scene's last.
-    on_commit: Option<Box<dyn FnMut(&SegmentRecord, bool) + 'm>>,
+    on_commit: Option<OnCommit<'m>>,
 }
 
 struct Segment {
@@ -110,7 +113,7 @@ impl<'m> SegmentWriter<'m> {
 
     /// Calls `f` with each segment once it is committed (and whether it is the scene's last),
     /// so a consumer can ship a long pass piece by piece.
-    pub fn on_commit(&mut self, f: Box<dyn FnMut(&SegmentRecord, bool) + 'm>) {
+    pub fn on_commit(&mut self, f: OnCommit<'m>) {
         self.on_commit = Some(f);
     }
 
