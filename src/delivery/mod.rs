@@ -13,6 +13,7 @@
 //! the models' intake queues fill and sensors see backpressure.
 
 pub mod config;
+pub mod enqueue;
 pub mod message;
 pub mod mqtt;
 pub mod queue;
