@@ -475,3 +475,14 @@ fn a_long_pass_is_delivered_segment_by_segment_while_it_streams() {
         "the segments put together differ from classify"
     );
 }
+
+#[test]
+fn subscribe_fails_cleanly_naming_the_socket_nobody_serves_or_the_bad_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sock, out) = (dir.path().join("none.sock"), dir.path().join("o"));
+    let (sock, out) = (sock.to_str().unwrap(), out.to_str().unwrap());
+    let err = common::fails(&["subscribe", "--socket", sock, "--out", out, "--connect-timeout-s", "0"]);
+    assert!(err.contains("none.sock"), "{err}");
+    let err = common::fails(&["subscribe", "--socket", sock, "--out", out, "--connect-timeout-s=-1"]);
+    assert!(err.contains("--connect-timeout-s"), "{err}");
+}
