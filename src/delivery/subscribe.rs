@@ -178,3 +178,117 @@ pub fn subscribe(opts: &SubscribeOptions, seen: &mut dyn FnMut(&Received)) -> Re
     }
     Ok(distinct)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::delivery::message::{SetFile, VERSION};
+    use std::os::unix::net::UnixListener;
+
+    fn segment(seq: u64, data: &[u8]) -> Segment {
+        Segment {
+            kind: "segment".into(),
+            version: VERSION,
+            node: "edge-1".into(),
+            sequence: seq,
+            scene_id: "pass".into(),
+            segment: 0,
+            first_line: 0,
+            lines: 1,
+            samples: 2,
+            last: true,
+            model: "m".into(),
+            classes: vec!["a".into()],
+            colours: vec![[1, 2, 3]],
+            map_info: None,
+            coordinate_system: None,
+            files: vec![SetFile {
+                name: "class_map.img".into(),
+                data: data.to_vec(),
+            }],
+        }
+    }
+
+    /// A daemon's side: sends `msgs` in order, each after the previous one's ack; the acks.
+    fn serve(l: UnixListener, msgs: Vec<Segment>) -> std::thread::JoinHandle<Vec<u64>> {
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut acks = Vec::new();
+            for m in msgs {
+                message::write_frame(&mut s, &m).unwrap();
+                let body = message::read_frame(&mut s, 1024, "t").unwrap().unwrap();
+                acks.push(message::decode::<Ack>(&body, "t").unwrap().sequence);
+            }
+            acks
+        })
+    }
+
+    #[test]
+    fn a_resend_is_acknowledged_again_but_not_rewritten_and_is_known_after_a_restart() {
+        let t = tempfile::tempdir().unwrap();
+        let sock = t.path().join("sub.sock");
+        let opts = SubscribeOptions {
+            socket: sock.to_str().unwrap().into(),
+            out: t.path().join("out"),
+            count: Some(2),
+            connect_timeout: Duration::from_secs(10),
+        };
+        let l = UnixListener::bind(&sock).unwrap();
+        // The resend of 7 carries other bytes here only to show it is not written again.
+        let next = Segment {
+            segment: 1,
+            ..segment(8, b"next")
+        };
+        let daemon = serve(l, vec![segment(7, b"first"), segment(7, b"resent"), next]);
+        let mut seen = Vec::new();
+        let n = subscribe(&opts, &mut |r| seen.push((r.sequence, r.duplicate))).unwrap();
+        assert_eq!(n, 2);
+        assert_eq!(seen, [(7, false), (7, true), (8, false)]);
+        assert_eq!(daemon.join().unwrap(), [7, 7, 8]);
+        let seg = |n: &str| std::fs::read(opts.out.join("edge-1/pass").join(n).join("class_map.img")).unwrap();
+        assert_eq!(
+            (seg("seg-000000"), seg("seg-000001")),
+            (b"first".to_vec(), b"next".to_vec())
+        );
+        assert_eq!(
+            std::fs::read_to_string(opts.out.join("received.jsonl"))
+                .unwrap()
+                .lines()
+                .count(),
+            2
+        );
+
+        // Restarted: 8 is known from received.jsonl.
+        std::fs::remove_file(&sock).unwrap();
+        let l = UnixListener::bind(&sock).unwrap();
+        let daemon = serve(l, vec![segment(8, b"again"), segment(9, b"new")]);
+        let mut seen = Vec::new();
+        let opts = SubscribeOptions { count: Some(1), ..opts };
+        subscribe(&opts, &mut |r| seen.push((r.sequence, r.duplicate))).unwrap();
+        assert_eq!(seen, [(8, true), (9, false)]);
+        assert_eq!(daemon.join().unwrap(), [8, 9]);
+    }
+
+    #[test]
+    fn a_file_name_with_a_path_is_refused_before_anything_is_written() {
+        let t = tempfile::tempdir().unwrap();
+        let sock = t.path().join("sub.sock");
+        let l = UnixListener::bind(&sock).unwrap();
+        let mut bad = segment(1, b"x");
+        bad.files[0].name = "../escape".into();
+        let daemon = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            message::write_frame(&mut s, &bad).unwrap();
+        });
+        let opts = SubscribeOptions {
+            socket: sock.to_str().unwrap().into(),
+            out: t.path().join("out"),
+            count: None,
+            connect_timeout: Duration::from_secs(10),
+        };
+        let err = subscribe(&opts, &mut |_| {}).unwrap_err().to_string();
+        assert!(err.contains("../escape"), "{err}");
+        assert!(!t.path().join("escape").exists());
+        daemon.join().unwrap();
+    }
+}
