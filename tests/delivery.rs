@@ -87,6 +87,35 @@ fn maps_received_over_mqtt_and_the_socket_equal_classify_byte_for_byte() {
     }
     assert_eq!(daemon.control(r#"{"cmd":"drain"}"#)["ok"], true);
     assert_eq!(daemon.wait(Duration::from_secs(60)), Some(0));
+    // A clean stop leaves the retained status offline.
+    wait_status(&consumer, "edge-1", "offline");
+}
+
+/// Waits until the newest status of `node` the consumer saw says `state`.
+fn wait_status(consumer: &Consumer, node: &str, state: &str) {
+    let start = Instant::now();
+    let topic = format!("hsiedge/{node}/status");
+    loop {
+        let last = consumer
+            .status
+            .lock()
+            .unwrap()
+            .iter()
+            .rev()
+            .find(|(t, _)| *t == topic)
+            .cloned();
+        if last
+            .as_ref()
+            .is_some_and(|(_, s)| s.contains(&format!("\"state\":\"{state}\"")))
+        {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{node} never {state}: {last:?}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 #[test]
@@ -281,6 +310,11 @@ fn two_daemons_through_one_broker_reach_a_consumer_group_exactly_once_after_dedu
     let (n1, n2) = (c1.got.lock().unwrap().len(), c2.got.lock().unwrap().len());
     eprintln!("consumer group: ground-1 got {n1}, ground-2 got {n2} (6 distinct)");
     assert!(n1 + n2 >= 6);
+    // A node that vanishes is reported offline by the broker (its last will); the other stays online.
+    wait_status(&c1, "edge-a", "online");
+    daemons[0].signal("KILL");
+    wait_status(&c1, "edge-a", "offline");
+    wait_status(&c1, "edge-b", "online");
 }
 
 #[test]
