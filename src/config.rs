@@ -193,6 +193,16 @@ pub const TEST_ONLY: &[EnvVar] = &[
         default: "unset (the cross end-to-end test skips)",
         meaning: "the x86_64 libonnxruntime for HSIEDGE_E2E_HOST_BIN (set by cross/run test)",
     },
+    EnvVar {
+        name: "HSIEDGE_TEST_OUTAGE_S",
+        default: "5",
+        meaning: "seconds the delivery test keeps the MQTT broker stopped (docs/reliability.md records 30)",
+    },
+    EnvVar {
+        name: "HSIEDGE_TEST_KILL_POINTS",
+        default: "3",
+        meaning: "random kill -9 points of the delivery crash test (docs/reliability.md records 20)",
+    },
 ];
 
 #[cfg(test)]

@@ -113,6 +113,24 @@ pub fn thread_cpu_time() -> Option<std::time::Duration> {
     (rc == 0).then(|| std::time::Duration::new(secs, nanos))
 }
 
+/// Bytes an unprivileged writer may still use on the file system holding `path` (`statvfs`:
+/// available blocks times the fragment size). The daemon pauses intake while its outbox is short.
+pub fn available_bytes(path: &std::path::Path) -> std::io::Result<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "a path with a NUL byte"))?;
+    let mut s = std::mem::MaybeUninit::<libc::statvfs>::zeroed();
+    // SAFETY: `c` is a NUL-terminated path that outlives the call and `s` points to writable
+    // memory of a statvfs, the only thing the call writes.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), s.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it filled `s` (which was zeroed before anyway).
+    let s = unsafe { s.assume_init() };
+    Ok(s.f_bavail.saturating_mul(s.f_frsize))
+}
+
 /// Ends this process at once with SIGKILL, as `kill -9` from outside would: no destructor, exit
 /// handler or buffered write runs. Only the crash tests' failpoints call it.
 pub fn kill_self() -> ! {

@@ -10,6 +10,7 @@ pub mod budget;
 pub mod config;
 pub mod cube;
 pub mod daemon;
+pub mod delivery;
 pub mod doctor;
 pub mod engine;
 pub mod ffi;

@@ -323,6 +323,22 @@ enum Command {
         #[arg(long, value_name = "FILE", default_value = "/etc/hsiedge/hsiedge.toml")]
         config: PathBuf,
     },
+    /// Receive delivered segments from a daemon's CBOR subscriber socket (docs/delivery.md):
+    /// write each into OUT/<node>/<scene>/seg-NNNNNN/, acknowledge it, print one JSON line.
+    Subscribe {
+        /// The daemon's `delivery.subscriber_tcp` (IP:PORT) or `delivery.subscriber_unix` (path).
+        #[arg(long, value_name = "ADDR|PATH")]
+        socket: String,
+        /// Where received segments are written.
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+        /// Stop after this many distinct segments (default: until the daemon closes).
+        #[arg(long, value_name = "N")]
+        count: Option<u64>,
+        /// Seconds to keep trying to connect.
+        #[arg(long, value_name = "S", default_value_t = 30.0)]
+        connect_timeout_s: f64,
+    },
     /// Benchmarks (medians, with ratios against baselines measured in the same run).
     Bench {
         #[command(subcommand)]
@@ -954,6 +970,29 @@ fn run(cli: Cli) -> Result<()> {
             print_report(&r, json)
         }
         Command::Serve { config } => Ok(hsiedge::daemon::serve(&config)?),
+        Command::Subscribe {
+            socket,
+            out,
+            count,
+            connect_timeout_s,
+        } => {
+            if !connect_timeout_s.is_finite() || connect_timeout_s < 0.0 {
+                anyhow::bail!("--connect-timeout-s {connect_timeout_s} is not a number of seconds >= 0");
+            }
+            let opts = hsiedge::delivery::subscribe::SubscribeOptions {
+                socket,
+                out,
+                count,
+                connect_timeout: std::time::Duration::from_secs_f64(connect_timeout_s),
+            };
+            let mut stdout = std::io::stdout().lock();
+            hsiedge::delivery::subscribe::subscribe(&opts, &mut |r| {
+                use std::io::Write;
+                let _ = writeln!(stdout, "{}", serde_json::to_string(r).unwrap_or_default());
+                let _ = stdout.flush();
+            })?;
+            Ok(())
+        }
         Command::Doctor { .. } => Ok(()),
         Command::Gpu {
             command: GpuCommand::Probe { device },

@@ -105,10 +105,17 @@ pub struct Shared {
     started: Instant,
     listening: Vec<String>,
     config_path: PathBuf,
+    delivery: Option<Arc<crate::delivery::Queue>>,
 }
 
 impl Shared {
-    fn new(routes: Routes, status: Arc<Status>, listening: Vec<String>, config_path: PathBuf) -> Self {
+    fn new(
+        routes: Routes,
+        status: Arc<Status>,
+        listening: Vec<String>,
+        config_path: PathBuf,
+        delivery: Option<Arc<crate::delivery::Queue>>,
+    ) -> Self {
         Self {
             routes: RwLock::new(Arc::new(routes)),
             status,
@@ -117,6 +124,7 @@ impl Shared {
             started: Instant::now(),
             listening,
             config_path,
+            delivery,
         }
     }
 
@@ -195,6 +203,8 @@ impl Shared {
             "models": models,
             "rss_anon_bytes": own,
             "memory_budget": budget,
+            "delivery": self.delivery.as_ref().map(|q| q.status()),
+            "paused": self.status.paused(),
         })
     }
 }

@@ -102,13 +102,20 @@ impl InFlight {
 pub struct Interrupted {
     /// The scene's folder.
     pub folder: PathBuf,
-    /// Where it was moved (`None` when the folder was gone).
+    /// Where it was moved (`None` when the folder was gone or the scene had completed).
     pub moved_to: Option<PathBuf>,
+    /// The scene had completed (its segments were queued for delivery) before the process ended.
+    pub completed: bool,
 }
 
 /// Moves aside the scenes a previous process left in flight (killed, or cut off by a drain that
-/// ran out of time before it could move them) and removes their markers.
-pub fn recover(outbox: &Path, state: &Path) -> Result<Vec<Interrupted>, DaemonError> {
+/// ran out of time before it could move them) and removes their markers; a scene whose folder
+/// `completed` says finished (queued for delivery just before the end) is kept where it is.
+pub fn recover(
+    outbox: &Path,
+    state: &Path,
+    completed: &dyn Fn(&Path) -> bool,
+) -> Result<Vec<Interrupted>, DaemonError> {
     let dir = state.join(IN_FLIGHT);
     let mut found = Vec::new();
     let entries = std::fs::read_dir(&dir).map_err(io(&dir))?;
@@ -118,7 +125,8 @@ pub fn recover(outbox: &Path, state: &Path) -> Result<Vec<Interrupted>, DaemonEr
         let folder = outbox.join(&name);
         // Only a plain name that could be a scene's folder is followed; a stray file is removed.
         let plausible = name.to_str().is_some_and(|n| !n.starts_with('.') && !n.contains('/'));
-        let moved_to = if plausible && folder.is_dir() {
+        let done = plausible && completed(&folder);
+        let moved_to = if plausible && !done && folder.is_dir() {
             let error = serde_json::json!({
                 "error": "interrupted: the daemon stopped while this scene was in flight (killed, or \
                           its drain timed out); its committed segments are kept here",
@@ -128,7 +136,11 @@ pub fn recover(outbox: &Path, state: &Path) -> Result<Vec<Interrupted>, DaemonEr
             None
         };
         std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
-        found.push(Interrupted { folder, moved_to });
+        found.push(Interrupted {
+            folder,
+            moved_to,
+            completed: done,
+        });
     }
     Ok(found)
 }
@@ -164,7 +176,7 @@ mod tests {
         let g = claim(&outbox, "s").unwrap();
         let marker = InFlight::start(&state, &g, "s", "m").unwrap();
         std::mem::forget(marker);
-        let found = recover(&outbox, &state).unwrap();
+        let found = recover(&outbox, &state, &|_| false).unwrap();
         assert_eq!(found.len(), 1);
         assert_eq!(
             found[0].moved_to.as_deref(),
@@ -174,6 +186,10 @@ mod tests {
         // A finished scene leaves no marker.
         let h = claim(&outbox, "t").unwrap();
         InFlight::start(&state, &h, "t", "m").unwrap().finish().unwrap();
-        assert!(recover(&outbox, &state).unwrap().is_empty());
+        assert!(recover(&outbox, &state, &|_| false).unwrap().is_empty());
+        // A marker of a scene that had completed (queued for delivery): the folder stays.
+        std::mem::forget(InFlight::start(&state, &h, "t", "m").unwrap());
+        let found = recover(&outbox, &state, &|f| f == h.as_path()).unwrap();
+        assert!(found[0].completed && found[0].moved_to.is_none() && h.is_dir());
     }
 }

@@ -25,6 +25,7 @@ use super::spool::SpoolIntake;
 use super::status::Status;
 use super::worker::{ModelPool, WorkerContext};
 use super::{DaemonError, Shared, log};
+use crate::delivery::Delivery;
 use crate::engine::error_chain;
 
 /// How often systemd's `STATUS=` line is refreshed.
@@ -99,7 +100,19 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     let notifier = Arc::new(Notifier::from_env().map_err(runtime_err("the NOTIFY_SOCKET socket"))?);
 
     outbox::prepare(&config.outbox, &config.state)?;
-    for i in outbox::recover(&config.outbox, &config.state)? {
+    let delivery = Delivery::start(&config.delivery, &config.state).map_err(|e| DaemonError::Runtime {
+        what: "starting delivery",
+        source: std::io::Error::other(error_chain(&e)),
+    })?;
+    let queue = delivery.as_ref().map(|d| d.queue.clone());
+    let completed = |f: &Path| queue.as_ref().is_some_and(|q| q.holds_scene(f));
+    for i in outbox::recover(&config.outbox, &config.state, &completed)? {
+        // What the interrupted scene committed and queued is delivered from where it went.
+        if let (Some(q), Some(to)) = (&queue, &i.moved_to)
+            && let Err(e) = q.relocate(&i.folder, to)
+        {
+            log::event("warning", &error_chain(&e), serde_json::json!({"folder": i.folder}));
+        }
         log::event(
             "recovered",
             &format!(
@@ -107,10 +120,11 @@ async fn run(config: Config) -> Result<(), DaemonError> {
                 i.folder.display(),
                 match &i.moved_to {
                     Some(p) => format!("moved to {}", p.display()),
+                    None if i.completed => "it had completed and is queued for delivery".into(),
                     None => "its folder was gone".into(),
                 }
             ),
-            serde_json::json!({"folder": i.folder, "moved_to": i.moved_to}),
+            serde_json::json!({"folder": i.folder, "moved_to": i.moved_to, "completed": i.completed}),
         );
     }
     let mut listeners = Vec::new();
@@ -144,6 +158,9 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         state: config.state.clone(),
         status: status.clone(),
         metrics: config.metrics.map(|_| super::metrics::Metrics::new(latest.clone())),
+        delivery: queue.clone(),
+        outbox_min_free: config.delivery.outbox_min_free,
+        draining: std::sync::atomic::AtomicBool::new(false),
     });
     let pools = start_pools(&config, &ctx)?;
     let listening: Vec<String> = listeners.iter().map(Listener::describe).collect();
@@ -152,6 +169,7 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         status,
         listening.clone(),
         config.path.clone(),
+        queue.clone(),
     ));
     let unix_paths: Vec<_> = config.unix.iter().chain([&config.control]).cloned().collect();
     let drain_timeout = config.intake.drain_timeout;
@@ -234,6 +252,14 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         serde_json::json!({"cause": why}),
     );
     shared.draining.store(true, std::sync::atomic::Ordering::Release);
+    if let Some(q) = &queue {
+        // Scenes already accepted run to their end and are queued, full or not.
+        q.lift_bound();
+    }
+    lock(&daemon)
+        .ctx
+        .draining
+        .store(true, std::sync::atomic::Ordering::Release);
     warn(notifier.stopping(&shared.status.summary("draining")));
     if let Some(s) = spool {
         // Returns once a scene it is handing over has a place in its model's queue.
@@ -293,6 +319,10 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         join_all(retired);
     });
     let _ = joined.await;
+    if let Some(d) = delivery {
+        // What the sinks have not delivered stays queued on disk for the next start.
+        let _ = tokio::task::spawn_blocking(move || d.stop()).await;
+    }
     for p in unix_paths {
         let _ = std::fs::remove_file(p);
     }
@@ -406,6 +436,7 @@ fn reload_blocking(daemon: &Mutex<Daemon>, shared: &Shared) -> serde_json::Value
             ..new.intake
         },
         models: new.models,
+        delivery: old.delivery.clone(),
         path: new.path,
         metrics: old.metrics,
     };

@@ -76,6 +76,7 @@ pub struct Status {
     next: AtomicU64,
     scenes: Mutex<BTreeMap<u64, Arc<SceneEntry>>>,
     totals: Mutex<Totals>,
+    paused: Mutex<BTreeMap<String, String>>,
 }
 
 impl Status {
@@ -106,6 +107,23 @@ impl Status {
         *self.totals.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Records why intake is paused for `who` (`None`: no longer paused).
+    pub fn set_paused(&self, who: &str, why: Option<String>) {
+        let mut p = self.paused.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match why {
+            Some(w) => p.insert(who.to_string(), w),
+            None => p.remove(who),
+        };
+    }
+
+    /// Why intake is paused, by model; empty when it is not.
+    pub fn paused(&self) -> BTreeMap<String, String> {
+        self.paused
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     /// The scenes in flight now.
     pub fn in_flight(&self) -> Vec<SceneReport> {
         self.scenes()
@@ -133,8 +151,13 @@ impl Status {
         let flying = self.in_flight();
         let t = self.totals();
         let rate: f64 = flying.iter().map(|s| s.lines_per_s).sum();
+        let paused = self.paused();
+        let pause = match paused.values().next() {
+            Some(why) => format!("; intake paused: {why}"),
+            None => String::new(),
+        };
         format!(
-            "{state}: {} scene(s) in flight ({rate:.0} lines/s); {} done, {} failed, {} refused",
+            "{state}: {} scene(s) in flight ({rate:.0} lines/s); {} done, {} failed, {} refused{pause}",
             flying.len(),
             t.scenes_done,
             t.scenes_failed,
@@ -170,6 +193,10 @@ mod tests {
         assert!(s.summary("serving").starts_with("serving: 1 scene(s) in flight"));
         s.end(key);
         assert!(s.in_flight().is_empty());
+        s.set_paused("m", Some("the outbox is full".into()));
+        assert!(s.summary("serving").ends_with("intake paused: the outbox is full"));
+        s.set_paused("m", None);
+        assert!(s.paused().is_empty());
         assert_eq!(s.totals().scenes_done, 1);
     }
 }

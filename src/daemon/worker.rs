@@ -19,6 +19,8 @@ use super::intake::{Job, ModelRoute};
 use super::log;
 use super::outbox::{self, InFlight};
 use super::status::{SceneEntry, Status};
+use crate::delivery::Queue;
+use crate::delivery::enqueue::{Labels, enqueue};
 use crate::engine::error_chain;
 use crate::job::{ModelSession, SessionBatch, anon_bytes, with_peak_anon};
 use crate::map::SegmentOptions;
@@ -36,6 +38,12 @@ pub struct WorkerContext {
     pub status: Arc<Status>,
     /// Telemetry for the `/metrics` endpoint (`[telemetry] metrics`), if configured.
     pub metrics: Option<super::metrics::Metrics>,
+    /// The delivery queue, when sinks besides the outbox are configured.
+    pub delivery: Option<Arc<Queue>>,
+    /// Bytes the outbox's file system must have free before a scene is taken (0: not checked).
+    pub outbox_min_free: u64,
+    /// Set by a drain: a worker paused for room takes the scenes already accepted.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 /// A model's running workers.
@@ -163,7 +171,11 @@ fn work(
     rx: &Receiver<Job>,
     ctx: &WorkerContext,
 ) {
-    while let Ok(job) = rx.recv() {
+    loop {
+        wait_for_intake(ctx, model);
+        let Ok(job) = rx.recv() else { break };
+        // The pause may have begun while this worker waited for the scene: its lines stay unread.
+        wait_for_intake(ctx, model);
         if run_scene(&mut session, model, job, ctx).is_err() {
             // The run panicked (possible only where panics unwind: test and dev builds; the
             // release build aborts and systemd restarts it): the session may hold a half-done
@@ -255,13 +267,14 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
         segment_lines,
         keep_scores: false,
     };
+    let labels = Labels::of(session.manifest());
     let (result, rss_peak) = with_peak_anon(root, || {
         std::panic::catch_unwind(AssertUnwindSafe(|| {
             let mut counted = Counted {
                 inner: scene.source(),
                 lines: &entry.lines,
             };
-            let info = crate::telemetry::RunInfo {
+            let run_info = crate::telemetry::RunInfo {
                 batch: run.batch as u64,
                 batch_reason: if session.is_auto_batch() {
                     "auto: planned for the scene's width, governed by the budget".into()
@@ -272,12 +285,27 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 provider: session.runtime().provider().ort_name().into(),
                 provider_fallbacks: session.runtime().fallbacks().iter().map(ToString::to_string).collect(),
             };
-            let outcome = super::metrics::observe(ctx.metrics.as_ref(), info, |record| {
-                session.run_stream(&mut counted, &folder, segments, &mut |px| {
-                    entry.pixels.store(px.pixels_done as u64, Ordering::Relaxed);
-                    entry.batch.store(px.batch as u64, Ordering::Relaxed);
-                    record(px);
-                })
+            // Each segment is queued for delivery as soon as it is committed.
+            let mut queue_segment = |rec: &crate::map::SegmentRecord, last: bool| {
+                // A segment that fills up is committed before the scene's end is seen; a scene of
+                // announced length knows it is the last.
+                let last = last || info.lines == Some(rec.first_line + rec.lines);
+                if let Some(q) = &ctx.delivery {
+                    enqueue(q, &labels, model, &info, &folder, rec, last);
+                }
+            };
+            let outcome = super::metrics::observe(ctx.metrics.as_ref(), run_info, |record| {
+                session.run_stream_with(
+                    &mut counted,
+                    &folder,
+                    segments,
+                    &mut |px| {
+                        entry.pixels.store(px.pixels_done as u64, Ordering::Relaxed);
+                        entry.batch.store(px.batch as u64, Ordering::Relaxed);
+                        record(px);
+                    },
+                    &mut queue_segment,
+                )
             })
             .map_err(|e| error_chain(&e))?;
             scene.complete().map_err(|e| error_chain(&e))?;
@@ -384,6 +412,11 @@ fn fail_after_start(
         "error": error,
     });
     let moved = outbox::move_aside(&ctx.outbox, folder, &record);
+    if let (Ok(to), Some(q)) = (&moved, &ctx.delivery)
+        && let Err(e) = q.relocate(folder, to)
+    {
+        log::event("warning", &error_chain(&e), serde_json::json!({"folder": folder}));
+    }
     let (moved_to, note) = match &moved {
         Ok(to) => (serde_json::json!(to), format!("moved to {}", to.display())),
         Err(e) => (
@@ -407,5 +440,89 @@ fn fail_after_start(
             "error": error,
             "memory": memory,
         }),
+    );
+}
+
+/// Why this worker must not take a scene now: the delivery queue at its bound, or the outbox's
+/// file system short of `delivery.outbox_min_free_mib`.
+fn pause_reason(ctx: &WorkerContext) -> Option<(&'static str, String)> {
+    if ctx.draining.load(Ordering::Acquire) {
+        return None;
+    }
+    if let Some(q) = &ctx.delivery
+        && q.full()
+    {
+        let s = q.status();
+        return Some((
+            "delivery_full",
+            format!(
+                "delivery queue full ({} of {} segments not yet acknowledged by every sink)",
+                s.queued, s.max
+            ),
+        ));
+    }
+    if ctx.outbox_min_free > 0 {
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        match crate::ffi::available_bytes(&ctx.outbox) {
+            Ok(free) if free < ctx.outbox_min_free => {
+                return Some((
+                    "outbox_full",
+                    format!(
+                        "the outbox {} has {:.1} MiB free, under delivery.outbox_min_free_mib ({:.0} MiB)",
+                        ctx.outbox.display(),
+                        mib(free),
+                        mib(ctx.outbox_min_free)
+                    ),
+                ));
+            }
+            Ok(_) => {}
+            Err(e) => {
+                return Some((
+                    "outbox_full",
+                    format!(
+                        "the outbox {}: its free space cannot be read: {e}",
+                        ctx.outbox.display()
+                    ),
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Waits while [`pause_reason`] gives a reason: this worker takes no scene, so its model's
+/// intake queue fills and the sensors see backpressure (a spool's cubes stay in its inbox).
+/// The pause is logged when it begins and ends, and `status` shows it meanwhile.
+fn wait_for_intake(ctx: &WorkerContext, model: &str) {
+    let Some((event, why)) = pause_reason(ctx) else {
+        return;
+    };
+    log::event(
+        event,
+        &format!("{why}: model `{model}` takes no new scene until it clears"),
+        serde_json::json!({"model": model, "delivery": ctx.delivery.as_ref().map(|q| q.status())}),
+    );
+    ctx.status.set_paused(model, Some(why));
+    let t0 = Instant::now();
+    loop {
+        let tick = std::time::Duration::from_millis(250);
+        match &ctx.delivery {
+            // Woken as soon as a sink acknowledges.
+            Some(q) if q.full() => {
+                q.wait_for_room(tick);
+            }
+            _ => std::thread::sleep(tick),
+        }
+        match pause_reason(ctx) {
+            None => break,
+            Some((_, why)) => ctx.status.set_paused(model, Some(why)),
+        }
+    }
+    ctx.status.set_paused(model, None);
+    let paused_s = t0.elapsed().as_secs_f64();
+    log::event(
+        "intake_resumed",
+        &format!("model `{model}` takes scenes again after a pause of {paused_s:.1} s"),
+        serde_json::json!({"model": model, "paused_s": paused_s}),
     );
 }

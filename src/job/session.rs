@@ -313,6 +313,19 @@ impl ModelSession {
         segments: SegmentOptions,
         progress: &mut dyn FnMut(&pipeline::BatchDone),
     ) -> Result<SceneOutcome, JobError> {
+        self.run_stream_with(source, root, segments, progress, &mut |_, _| {})
+    }
+
+    /// [`ModelSession::run_stream`], with `on_segment` told of each segment as it is committed
+    /// (and whether it is the scene's last).
+    pub fn run_stream_with(
+        &mut self,
+        source: &mut dyn LineSource,
+        root: &Path,
+        segments: SegmentOptions,
+        progress: &mut dyn FnMut(&pipeline::BatchDone),
+        on_segment: &mut dyn FnMut(&SegmentRecord, bool),
+    ) -> Result<SceneOutcome, JobError> {
         let info = source.info().clone();
         info.validate().map_err(PipelineError::Source)?;
         pipeline::check_bands(info.bands, &info.origin, &self.manifest, &self.run)?;
@@ -337,6 +350,7 @@ impl ModelSession {
             ..segments
         };
         let mut sink = SegmentWriter::new(root, &self.manifest, &info.header, &info.id, segments);
+        sink.on_commit(Box::new(|r, last| on_segment(r, last)));
         let extra = |source: &SourceStats| {
             serde_json::json!({
                 "source": source,

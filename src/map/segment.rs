@@ -32,6 +32,9 @@ pub struct SegmentRecord {
     pub run_id: String,
 }
 
+/// Told of each committed segment and whether it is the scene's last ([`SegmentWriter::on_commit`]).
+pub type OnCommit<'m> = Box<dyn FnMut(&SegmentRecord, bool) + 'm>;
+
 /// What a segment's `summary.json` says besides its maps.
 #[derive(Debug, Clone, serde::Serialize)]
 struct SegmentSummary<'a> {
@@ -64,6 +67,8 @@ pub struct SegmentWriter<'m> {
     next_line: usize,
     /// Merged into each segment's summary (the source's statistics, timings).
     extra: serde_json::Value,
+    /// Told of each segment once it is committed, and whether it is the scene's last.
+    on_commit: Option<OnCommit<'m>>,
 }
 
 struct Segment {
@@ -102,7 +107,14 @@ impl<'m> SegmentWriter<'m> {
             done: Vec::new(),
             next_line: 0,
             extra: serde_json::Value::Object(Default::default()),
+            on_commit: None,
         }
+    }
+
+    /// Calls `f` with each segment once it is committed (and whether it is the scene's last),
+    /// so a consumer can ship a long pass piece by piece.
+    pub fn on_commit(&mut self, f: OnCommit<'m>) {
+        self.on_commit = Some(f);
     }
 
     /// Fields merged into the summary of each segment committed from now on.
@@ -246,13 +258,17 @@ impl<'m> SegmentWriter<'m> {
         let folder = seg.staged.dir().to_path_buf();
         let retired = seg.staged.commit()?;
         drop(retired);
-        self.done.push(SegmentRecord {
+        let record = SegmentRecord {
             index: seg.index,
             first_line: seg.first_line,
             lines: seg.lines,
             folder,
             run_id,
-        });
+        };
+        if let Some(f) = self.on_commit.as_mut() {
+            f(&record, last);
+        }
+        self.done.push(record);
         Ok(())
     }
 

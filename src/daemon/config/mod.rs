@@ -68,6 +68,9 @@ pub struct RawConfig {
     /// `[telemetry]`.
     #[serde(default)]
     pub telemetry: RawTelemetry,
+    /// `[delivery]`: the queue and its sinks besides the outbox.
+    #[serde(default)]
+    pub delivery: crate::delivery::RawDelivery,
 }
 
 /// `[telemetry]`.
@@ -245,6 +248,8 @@ pub struct Config {
     pub models: BTreeMap<String, ModelConfig>,
     /// Where `/metrics` is served (a loopback address), if anywhere.
     pub metrics: Option<SocketAddr>,
+    /// Delivery downstream of the outbox.
+    pub delivery: crate::delivery::DeliveryConfig,
 }
 
 /// `[intake]`, validated.
@@ -372,6 +377,18 @@ impl RawConfig {
             })
             .transpose()?;
         let intake = self.intake.validate(&bad)?;
+        let delivery = self
+            .delivery
+            .validate(base)
+            .map_err(|(key, message)| bad(&key, message))?;
+        if let Some(crate::delivery::config::SubscriberAddr::Unix(p)) = &delivery.subscriber
+            && (Some(p) == unix.as_ref() || *p == control)
+        {
+            return Err(bad(
+                "delivery.subscriber_unix",
+                "is the same socket as listen.unix or paths.control".into(),
+            ));
+        }
         let engine = self.engine.validate(&bad)?;
         if self.models.is_empty() {
             return Err(bad("models", "no model: add a [models.NAME] table".into()));
@@ -461,6 +478,7 @@ impl RawConfig {
             intake,
             models,
             metrics,
+            delivery,
         })
     }
 }
@@ -601,6 +619,9 @@ impl Config {
         }
         if self.control != new.control {
             keys.push("paths.control");
+        }
+        if self.delivery != new.delivery {
+            keys.push("delivery");
         }
         if self.intake.max_connections != new.intake.max_connections {
             keys.push("intake.max_connections");

@@ -54,6 +54,16 @@ fn the_example_file_parses_and_validates() {
         "keep_scores",
         "workers",
         "metrics",
+        "node",
+        "queue_max",
+        "ack_timeout_s",
+        "subscriber_tcp",
+        "subscriber_unix",
+        "outbox_min_free_mib",
+        "broker",
+        "client_id",
+        "keep_alive_s",
+        "retry_s",
     ] {
         assert!(
             text.lines()
@@ -61,6 +71,41 @@ fn the_example_file_parses_and_validates() {
             "the example does not document `{key}`"
         );
     }
+}
+
+#[test]
+fn delivery_keys_are_checked_with_the_rest_and_name_their_key() {
+    let c = load_str(&format!(
+        "{MINIMAL}[delivery]\nnode = \"edge-1\"\nsubscriber_unix = \"sub.sock\"\n"
+    ))
+    .unwrap();
+    assert_eq!(c.delivery.node, "edge-1");
+    assert_eq!(
+        c.delivery.subscriber,
+        Some(crate::delivery::config::SubscriberAddr::Unix(
+            "/etc/hsiedge/sub.sock".into()
+        ))
+    );
+    let err = load_str(&format!("{MINIMAL}[delivery]\nqueue_max = 0\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("hsiedge.toml") && err.contains("delivery.queue_max"),
+        "{err}"
+    );
+    let err = load_str(&format!(
+        "{MINIMAL}[delivery]\nsubscriber_unix = \"/run/hsiedge/control.sock\"\n"
+    ))
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("delivery.subscriber_unix"), "{err}");
+    let err = load_str(&format!("{MINIMAL}[delivery.mqtt]\nbroker = \"b:1\"\nqos = 2\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("qos"), "{err}");
+    // Delivery is bound at start: a reload names it as needing a restart.
+    let new = load_str(&format!("{MINIMAL}[delivery]\nnode = \"other\"\n")).unwrap();
+    assert_eq!(load_str(MINIMAL).unwrap().restart_only_changes(&new), vec!["delivery"]);
 }
 
 #[test]

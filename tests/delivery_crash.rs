@@ -1,0 +1,171 @@
+//! `kill -9` of `hsiedge serve` at random points across intake, inference and delivery, for a
+//! streamed and a spooled scene at once (docs/reliability.md): after a restart every scene is
+//! delivered over MQTT, its maps equal `hsiedge classify`'s byte for byte, each segment has one
+//! sequence number (a scene run again after the kill is queued once), and a segment received more
+//! than once carries that number and the same bytes. The number of kill points
+//! is `HSIEDGE_TEST_KILL_POINTS` (default 3; docs/reliability.md records a 20-point run).
+
+mod common;
+mod daemon_harness;
+mod delivery_harness;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use common::*;
+use daemon_harness::*;
+use delivery_harness::*;
+use rand::Rng;
+
+const LINES: usize = 64;
+const SEGMENT: usize = 16;
+
+fn config(d: &Path, broker: &str) {
+    std::fs::write(
+        d.join("hsiedge.toml"),
+        format!(
+            "[listen]\nunix = \"{d}/stream.sock\"\n\
+             [paths]\noutbox = \"{d}/outbox\"\nstate = \"{d}/state\"\ncontrol = \"{d}/control.sock\"\n\
+             spool = \"{d}/spool\"\n[intake]\ndefault_model = \"tiny\"\nsegment_lines = {SEGMENT}\n\
+             {tables}\n\
+             [models.tiny]\nmanifest = \"{m}\"\nmode = \"dense\"\nbatch = 1\ntile = 32\nthreads = 1\n",
+            d = d.display(),
+            m = tiny().display(),
+            tables = delivery_tables(d, "edge-1", 64, false, Some(broker)),
+        ),
+    )
+    .unwrap();
+}
+
+/// Drops `cube` into the spool as a producer must: data first, the header renamed in last.
+fn drop_in_spool(incoming: &Path, cube: &Path, id: &str) {
+    std::fs::create_dir_all(incoming).unwrap();
+    std::fs::copy(cube.with_extension("img"), incoming.join(format!("{id}.img"))).unwrap();
+    let tmp = incoming.join(format!(".{id}.hdr.tmp"));
+    std::fs::copy(cube, &tmp).unwrap();
+    std::fs::rename(&tmp, incoming.join(format!("{id}.hdr"))).unwrap();
+}
+
+#[test]
+fn kill_9_at_random_points_loses_nothing_and_resends_keep_their_sequence() {
+    if !have_mosquitto() {
+        return;
+    }
+    let points: usize = std::env::var("HSIEDGE_TEST_KILL_POINTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let broker = Broker::start(&d.join("broker"));
+    let consumer = Consumer::start(broker.port, "ground-1", "hsiedge/+/+/segment");
+    config(d, &broker.addr());
+    let cubes = d.join("cubes");
+    std::fs::create_dir_all(&cubes).unwrap();
+    let cube = tiny_cube(&cubes, "pass", LINES, 16);
+    let want = d.join("classify");
+    classify(&cube, &tiny(), "dense", 1, &want);
+    let mut rng = rand::rng();
+    let mut ids = Vec::new();
+    let mut resent = 0;
+    for k in 0..points {
+        let (st, sp) = (format!("st-{k}"), format!("sp-{k}"));
+        let daemon = Daemon::start(d);
+        // 64 lines at 400 lines/s: the scene's intake and inference last about 0.16 s.
+        let mut sensor = hsiedge()
+            .args(["simulate-sensor", "--scene"])
+            .arg(&cube)
+            .args(["--rate", "400", "--connect", &daemon.unix(), "--scene-id", &st])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        drop_in_spool(&d.join("spool/incoming"), &cube, &sp);
+        let delay = Duration::from_millis(rng.random_range(0..400));
+        std::thread::sleep(delay);
+        daemon.signal("KILL");
+        let log = daemon.log.clone();
+        let _ = daemon.wait(Duration::from_secs(10));
+        let _ = sensor.wait();
+        std::thread::sleep(Duration::from_millis(100));
+        let queued = log
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|v| v["event"] == "queued" && v["scene_id"] == st.as_str() && v["last"] == true);
+        eprintln!(
+            "kill point {k}: after {} ms; streamed scene queued before the kill: {queued}",
+            delay.as_millis()
+        );
+
+        let daemon = Daemon::start(d);
+        // The sensor cannot tell whether the daemon took the scene in before it died, so it
+        // sends it again (the spool keeps its cube by itself): a scene already queued is run
+        // again and its identical segments keep their sequence numbers.
+        sensor_ok(&cube, &daemon.unix(), &["--scene-id", &st]);
+        if queued {
+            daemon.wait_for(
+                "queued",
+                |v| v["scene_id"] == st.as_str() && v["last"] == true,
+                Duration::from_secs(60),
+            );
+            resent += 1;
+        }
+        for id in [&st, &sp] {
+            let start = Instant::now();
+            while !consumer.got.lock().unwrap().iter().any(|s| s.scene_id == *id && s.last) {
+                assert!(start.elapsed() < Duration::from_secs(60), "scene {id} not delivered");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        assert_eq!(daemon.control(r#"{"cmd":"drain"}"#)["ok"], true);
+        assert_eq!(daemon.wait(Duration::from_secs(60)), Some(0));
+        ids.extend([st, sp]);
+    }
+
+    let got = consumer.got.lock().unwrap().clone();
+    // A segment received more than once is the same segment: same sequence number, same bytes.
+    let mut by_seq: BTreeMap<u64, &hsiedge::delivery::message::Segment> = BTreeMap::new();
+    let mut duplicates = 0;
+    for s in &got {
+        match by_seq.get(&s.sequence) {
+            Some(first) => {
+                duplicates += 1;
+                assert_eq!(*first, s, "sequence {} received with different content", s.sequence);
+            }
+            None => {
+                by_seq.insert(s.sequence, s);
+            }
+        }
+    }
+    // Every scene: its segments, in order, put together, are the maps classify writes.
+    let (class, conf) = (read(&want.join("class_map.img")), read(&want.join("confidence.img")));
+    for id in &ids {
+        let mut segs: BTreeMap<u64, &hsiedge::delivery::message::Segment> = BTreeMap::new();
+        for s in by_seq.values().filter(|s| s.scene_id == *id) {
+            // A scene run twice (re-sent, or re-claimed from the spool) is queued once.
+            if let Some(prev) = segs.insert(s.segment, s) {
+                panic!(
+                    "{id} segment {} delivered as {} and {}",
+                    s.segment, prev.sequence, s.sequence
+                );
+            }
+        }
+        assert_eq!(segs.len(), LINES / SEGMENT, "{id}: segments {:?}", segs.keys());
+        let joined = |name: &str| segs.values().flat_map(|s| file(s, name).to_vec()).collect::<Vec<u8>>();
+        assert!(
+            joined("class_map.img") == class,
+            "{id}: class map differs from classify"
+        );
+        assert!(
+            joined("confidence.img") == conf,
+            "{id}: confidence differs from classify"
+        );
+    }
+    eprintln!(
+        "{points} kill points: {} scenes delivered, {} segments received ({duplicates} duplicates, same sequence and bytes), {resent} streamed scenes run again after they had been queued",
+        ids.len(),
+        got.len()
+    );
+}
