@@ -148,7 +148,12 @@ impl Children {
             .iter()
             .map(|log| {
                 let out = std::fs::File::create(log).unwrap();
-                Command::new(std::env::current_exe().unwrap())
+                // Under an emulator (qemu-user cannot exec another aarch64 binary itself), the
+                // child runs through it too.
+                let mut argv = common::emulator().unwrap_or_default();
+                argv.push(std::env::current_exe().unwrap().display().to_string());
+                Command::new(&argv[0])
+                    .args(&argv[1..])
                     .args(["--ignored", "--exact", "--test-threads=1", role])
                     .stdout(out.try_clone().unwrap())
                     .stderr(out)
