@@ -391,10 +391,7 @@ fn serve_metrics_scraped_during_a_streamed_scene_pass_promtool() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(during, "the scrape was not served during the scene");
     assert_eq!(
-        sample(
-            &body,
-            "hsiedge_batch_units{reason=\"daemon: the model's configured batch\"}"
-        ),
+        sample(&body, "hsiedge_batch_units{reason=\"the model's configured batch\"}"),
         Some(16.0),
         "{body}"
     );

@@ -110,7 +110,10 @@ mod tests {
         // The final snapshot is taken when the body returns: every batch is in it.
         let s = latest.get().unwrap_or_default();
         assert_eq!((s.batches, s.pixels_done, s.batch), (5, 80, 16));
-        assert_eq!(s.batch_reason, "daemon: the model's configured batch");
+        assert_eq!(
+            (s.batch_reason.as_str(), s.provider.as_str()),
+            ("test", "CPUExecutionProvider")
+        );
         let text = latest.render();
         assert!(text.contains("hsiedge_pixels_total 80"), "{text}");
     }
