@@ -114,7 +114,10 @@ fn json_lines_during_a_patch_run() {
         pixels.windows(2).all(|w| w[0] <= w[1]),
         "pixels went backwards: {pixels:?}"
     );
-    assert!(pixels[0] > 0.0 && pixels[0] < pixels[pixels.len() - 1], "{pixels:?}");
+    // A snapshot during the run saw part of the scene done (the first may come before the first
+    // batch on a slow machine or under an emulator).
+    let end = pixels[pixels.len() - 1];
+    assert!(pixels.iter().any(|&p| p > 0.0 && p < end), "{pixels:?}");
     let last = &lines[lines.len() - 1];
     assert_eq!(last["pixels_done"].as_u64(), summary["pixels"].as_u64());
     assert_eq!(last["pixels_total"].as_u64(), Some(83 * 86));
