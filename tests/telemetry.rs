@@ -12,7 +12,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{data, fails, hsiedge, model};
+use common::{data, emulator, fails, hsiedge, model, skip};
 
 /// `promtool`, or `None` (printed) when absent outside CI; in CI it must be installed
 /// (`.ci/run` installs Debian's `prometheus` package, which ships it).
@@ -78,6 +78,12 @@ fn sample(text: &str, name: &str) -> Option<f64> {
 
 #[test]
 fn json_lines_during_a_patch_run() {
+    if emulator().is_some() {
+        skip(
+            "a HybridSN patch-mode run takes minutes under an emulator; the native run covers telemetry, which is not architecture-specific",
+        );
+        return;
+    }
     let (Some(data), Some(model)) = (data(), model("hybridsn_salinas_a")) else {
         return;
     };
@@ -158,6 +164,12 @@ fn json_lines_during_a_patch_run() {
 
 #[test]
 fn metrics_scraped_during_a_patch_run_pass_promtool() {
+    if emulator().is_some() {
+        skip(
+            "a HybridSN patch-mode run takes minutes under an emulator; the native run covers telemetry, which is not architecture-specific",
+        );
+        return;
+    }
     let (Some(data), Some(model)) = (data(), model("hybridsn_salinas_a")) else {
         return;
     };
