@@ -302,10 +302,11 @@ pub fn power_mode(root: &Path) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn curve(times: &[(u64, f64)]) -> Vec<SweepPoint> {
+    /// A sweep of one run per size with the given per-unit times, elasticities filled.
+    pub(crate) fn curve(times: &[(u64, f64)]) -> Vec<SweepPoint> {
         let mut v: Vec<SweepPoint> = times
             .iter()
             .map(|&(batch, per)| SweepPoint {

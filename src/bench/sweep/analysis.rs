@@ -336,22 +336,7 @@ fn ranges_overlap(a: Option<&PointStats>, b: Option<&PointStats>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::budget::knee::fill_elasticities;
-
-    fn curve(times: &[(u64, f64)]) -> Vec<SweepPoint> {
-        let mut v: Vec<SweepPoint> = times
-            .iter()
-            .map(|&(batch, per)| SweepPoint {
-                batch,
-                median_s: per * batch as f64,
-                per_unit_s: per,
-                samples_s: vec![per * batch as f64],
-                elasticity: None,
-            })
-            .collect();
-        fill_elasticities(&mut v);
-        v
-    }
+    use crate::budget::knee::tests::curve;
 
     fn stats(points: &[SweepPoint]) -> Vec<PointStats> {
         points
