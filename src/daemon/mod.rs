@@ -20,6 +20,7 @@ pub mod config;
 pub mod conn;
 pub mod control;
 pub mod intake;
+pub mod journal;
 pub mod listen;
 pub mod log;
 pub mod metrics;

@@ -16,13 +16,14 @@ use crossbeam_channel::{Receiver, bounded};
 use super::DaemonError;
 use super::config::ModelConfig;
 use super::intake::{Job, ModelRoute};
+use super::journal::{self, Journal};
 use super::log;
 use super::outbox::{self, InFlight};
 use super::status::{SceneEntry, Status};
 use crate::delivery::Queue;
 use crate::delivery::enqueue::{Labels, enqueue};
 use crate::engine::error_chain;
-use crate::job::{ModelSession, SessionBatch, anon_bytes, with_peak_anon};
+use crate::job::{ModelSession, Resume, SessionBatch, anon_bytes, with_peak_anon};
 use crate::map::SegmentOptions;
 use crate::pipeline::Mode;
 use crate::source::{LineSource, LineStatus, SceneInfo, SourceError, SourceStats};
@@ -231,18 +232,58 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
         queued,
     } = job;
     let origin = info.origin.display().to_string();
-    let folder = match outbox::claim(&ctx.outbox, &info.id) {
-        Ok(f) => f,
-        Err(e) => {
-            fail_before_start(ctx, &info, model, &origin, &e);
-            scene.release(false);
-            return Ok(());
+    let key = journal::SceneKey::of(&info, model, segment_lines);
+    // A scene an earlier process left mid-way goes on in its folder after its last journalled
+    // segment; any other gets a folder and a journal of its own.
+    let (folder, mut journal, resume) = match journal::find(&ctx.state, &ctx.outbox, &key) {
+        Some((j, folder, resume)) => {
+            log::event(
+                "resumed",
+                &format!(
+                    "scene `{}` from {origin}: resumed in {} from line {} after {} committed segment(s)",
+                    info.id,
+                    folder.display(),
+                    resume.line(),
+                    resume.segments.len()
+                ),
+                serde_json::json!({
+                    "scene_id": info.id,
+                    "folder": folder,
+                    "model": model,
+                    "resumed_from_row": resume.line(),
+                    "segments_before": resume.segments.len(),
+                }),
+            );
+            (folder, j, resume)
+        }
+        None => {
+            let folder = match outbox::claim(&ctx.outbox, &info.id) {
+                Ok(f) => f,
+                Err(e) => {
+                    fail_before_start(ctx, &info, model, &origin, &e);
+                    scene.release(false);
+                    return Ok(());
+                }
+            };
+            match Journal::create(&ctx.state, &key, &folder) {
+                Ok(j) => (folder, j, Resume::default()),
+                Err(e) => {
+                    let _ = std::fs::remove_dir(&folder);
+                    fail_before_start(ctx, &info, model, &origin, &e);
+                    scene.release(false);
+                    return Ok(());
+                }
+            }
         }
     };
     let marker = match InFlight::start(&ctx.state, &folder, &info.id, model) {
         Ok(m) => m,
         Err(e) => {
-            let _ = std::fs::remove_dir(&folder);
+            // Kept for a later resume when the scene had committed segments already.
+            if resume.segments.is_empty() {
+                let _ = std::fs::remove_dir(&folder);
+                let _ = journal.finish();
+            }
             fail_before_start(ctx, &info, model, &origin, &e);
             scene.release(false);
             return Ok(());
@@ -293,12 +334,25 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 if let Some(q) = &ctx.delivery {
                     enqueue(q, &labels, model, &info, &folder, rec, last);
                 }
+                // Journalled once queued: a resume never skips a segment that was not queued.
+                if let Err(e) = journal.segment(rec, last) {
+                    log::event(
+                        "warning",
+                        &format!(
+                            "scene `{}`: {} (a resume would start before this segment)",
+                            info.id,
+                            error_chain(&e)
+                        ),
+                        serde_json::json!({"scene_id": info.id}),
+                    );
+                }
             };
             let outcome = super::metrics::observe(ctx.metrics.as_ref(), run_info, |record| {
-                session.run_stream_with(
+                session.run_stream_resumed(
                     &mut counted,
                     &folder,
                     segments,
+                    &resume,
                     &mut |px| {
                         entry.pixels.store(px.pixels_done as u64, Ordering::Relaxed);
                         entry.batch.store(px.batch as u64, Ordering::Relaxed);
@@ -322,7 +376,7 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
     });
     let (ok, panicked) = match result {
         Ok(Ok(outcome)) => {
-            let lines = outcome.run.lines as u64;
+            let lines = (outcome.lines_skipped + outcome.run.lines) as u64;
             ctx.status.count(|t| {
                 t.scenes_done += 1;
                 t.lines += lines;
@@ -352,6 +406,8 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                     "missing_lines": outcome.source.missing_lines(),
                     "duplicates": outcome.source.duplicates,
                     "segments": outcome.segments.len(),
+                    "resumed_from_row": outcome.resumed_from_line,
+                    "lines_computed": outcome.run.lines,
                     "memory": memory,
                 }),
             );
@@ -379,6 +435,10 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
             (false, true)
         }
     };
+    // The scene is over, written or moved aside: nothing is left to resume.
+    if let Err(e) = journal.finish() {
+        log::event("warning", &error_chain(&e), serde_json::Value::Null);
+    }
     if let Err(e) = marker.finish() {
         log::event("warning", &error_chain(&e), serde_json::Value::Null);
     }
