@@ -1,0 +1,177 @@
+//! The row journal (docs/delivery.md): `kill -9` of `hsiedge serve` in the middle of a scene,
+//! after some of its segments were committed and queued, then a restart: the scene resumes after
+//! its last journalled segment (fewer lines computed), its maps equal `hsiedge classify`'s byte for
+//! byte, and the segments queued before the kill keep their sequence numbers.
+//!
+//! The moment of the kill is made certain, not timed: a CBOR subscriber socket is configured with
+//! no subscriber and `queue_max = 6`, so the scene stops when its seventh segment waits for room
+//! (log `delivery_full`), with six segments journalled.
+
+mod common;
+mod daemon_harness;
+mod delivery_harness;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+use daemon_harness::*;
+use delivery_harness::*;
+
+/// 100 lines at tile 32: four balanced tile rows of 25 lines; segments of 10 lines.
+const LINES: usize = 100;
+const SEGMENT: usize = 10;
+const QUEUE_MAX: usize = 6;
+
+fn config(d: &Path) {
+    std::fs::write(
+        d.join("hsiedge.toml"),
+        format!(
+            "[listen]\nunix = \"{d}/stream.sock\"\n\
+             [paths]\noutbox = \"{d}/outbox\"\nstate = \"{d}/state\"\ncontrol = \"{d}/control.sock\"\n\
+             spool = \"{d}/spool\"\n[intake]\ndefault_model = \"tiny\"\nsegment_lines = {SEGMENT}\n\
+             {tables}\n\
+             [models.tiny]\nmanifest = \"{m}\"\nmode = \"dense\"\nbatch = 1\ntile = 32\nthreads = 1\n",
+            d = d.display(),
+            m = tiny().display(),
+            tables = delivery_tables(d, "edge-1", QUEUE_MAX, true, None),
+        ),
+    )
+    .unwrap();
+}
+
+/// Kills the daemon once `id` waits for room for its segment 6, with segments 0..5 queued as
+/// sequence numbers 0..5; restarts it with `resend` (the stream's sensor sending again, or
+/// nothing for a spooled cube the spool takes back) and checks the resumed run.
+fn killed_mid_scene_resumes(d: &Path, id: &str, start: impl FnOnce(&Daemon), resend: impl FnOnce(&Daemon)) {
+    let want = d.join("classify");
+    let cube = d.join("cubes/pass.hdr");
+    classify(&cube, &tiny(), "dense", 1, &want);
+
+    let daemon = Daemon::start(d);
+    start(&daemon);
+    daemon.wait_for(
+        "delivery_full",
+        |v| v["scene_id"] == id && v["segment"] == QUEUE_MAX,
+        Duration::from_secs(60),
+    );
+    let before: Vec<(u64, u64)> = daemon
+        .events("queued")
+        .iter()
+        .filter(|v| v["scene_id"] == id)
+        .map(|v| (v["segment"].as_u64().unwrap(), v["sequences"][0].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        before,
+        (0..QUEUE_MAX as u64).map(|k| (k, k)).collect::<Vec<_>>(),
+        "queued before the kill"
+    );
+    daemon.signal("KILL");
+    let _ = daemon.wait(Duration::from_secs(10));
+
+    let daemon = Daemon::start(d);
+    daemon.wait_for(
+        "recovered",
+        |v| v["folder"].as_str().is_some_and(|f| f.ends_with(id)),
+        Duration::from_secs(10),
+    );
+    // The subscriber comes: the queue drains, the paused worker takes the scene again.
+    let out = d.join("received");
+    let sub = {
+        let (d, out) = (d.to_path_buf(), out.clone());
+        std::thread::spawn(move || subscribe(&d, &out, LINES / SEGMENT))
+    };
+    resend(&daemon);
+    let received = sub.join().unwrap();
+    let resumed = daemon.wait_for("resumed", |v| v["scene_id"] == id, Duration::from_secs(60));
+    assert_eq!(resumed["resumed_from_row"], QUEUE_MAX * SEGMENT);
+    let done = daemon.wait_for("scene_done", |v| v["scene_id"] == id, Duration::from_secs(60));
+    // Line 60 lies in the tile row 50..75; its halo row 25..50 is run again and dropped.
+    assert_eq!(done["resumed_from_row"], 60, "{done}");
+    assert_eq!(done["lines_computed"], 75, "{done}");
+    assert_eq!(done["lines"], LINES, "{done}");
+    assert!(done["lines_computed"].as_u64().unwrap() < LINES as u64);
+
+    // Every segment once, those queued before the kill with their sequence numbers.
+    let mut seqs: Vec<(u64, u64)> = received
+        .iter()
+        .filter(|r| r["scene_id"] == id && r["duplicate"] == false)
+        .map(|r| (r["segment"].as_u64().unwrap(), r["sequence"].as_u64().unwrap()))
+        .collect();
+    seqs.sort();
+    assert_eq!(seqs.len(), LINES / SEGMENT, "{received:?}");
+    assert_eq!(&seqs[..QUEUE_MAX], &before[..]);
+    assert!(seqs.iter().enumerate().all(|(k, (s, _))| *s == k as u64));
+    let last: Vec<bool> = received.iter().map(|r| r["last"] == true).collect();
+    assert_eq!(
+        last.iter().filter(|l| **l).count(),
+        1,
+        "exactly one segment is the last"
+    );
+
+    // The segments put together are classify's maps, byte for byte.
+    for name in ["class_map.img", "confidence.img"] {
+        let joined: Vec<u8> = (0..LINES / SEGMENT)
+            .flat_map(|k| read(&out.join("edge-1").join(id).join(format!("seg-{k:06}")).join(name)))
+            .collect();
+        assert!(joined == read(&want.join(name)), "{id}: {name} differs from classify");
+    }
+    // Nothing is left to resume.
+    assert_eq!(std::fs::read_dir(d.join("state/journal")).unwrap().count(), 0);
+    assert_eq!(daemon.control(r#"{"cmd":"drain"}"#)["ok"], true);
+    assert_eq!(daemon.wait(Duration::from_secs(60)), Some(0));
+}
+
+fn setup() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    config(dir.path());
+    let cubes = dir.path().join("cubes");
+    std::fs::create_dir_all(&cubes).unwrap();
+    tiny_cube(&cubes, "pass", LINES, 16);
+    dir
+}
+
+#[test]
+fn a_streamed_scene_killed_mid_run_resumes_after_its_last_committed_row_when_re_sent() {
+    let dir = setup();
+    let d = dir.path();
+    let cube = d.join("cubes/pass.hdr");
+    let mut first = None;
+    killed_mid_scene_resumes(
+        d,
+        "st",
+        |daemon| {
+            first = Some(
+                hsiedge()
+                    .args(["simulate-sensor", "--scene"])
+                    .arg(&cube)
+                    .args(["--rate", "0", "--connect", &daemon.unix(), "--scene-id", "st"])
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        },
+        |daemon| sensor_ok(&cube, &daemon.unix(), &["--scene-id", "st"]),
+    );
+    // The first sensor saw its connection cut by the kill.
+    let _ = first.map(|mut c| c.wait());
+}
+
+#[test]
+fn a_spooled_cube_killed_mid_run_resumes_after_its_last_committed_row_without_a_resend() {
+    let dir = setup();
+    let d = dir.path();
+    killed_mid_scene_resumes(
+        d,
+        "sp",
+        |_| {
+            let incoming = d.join("spool/incoming");
+            std::fs::create_dir_all(&incoming).unwrap();
+            let cube = d.join("cubes/pass.hdr");
+            std::fs::copy(cube.with_extension("img"), incoming.join("sp.img")).unwrap();
+            std::fs::copy(&cube, incoming.join(".sp.hdr.tmp")).unwrap();
+            std::fs::rename(incoming.join(".sp.hdr.tmp"), incoming.join("sp.hdr")).unwrap();
+        },
+        |_| {},
+    );
+}
