@@ -201,10 +201,11 @@ fn a_subscriber_that_never_acks_fills_the_queue_pauses_intake_and_mqtt_keeps_rec
     let d = dir.path();
     let broker = Broker::start(&d.join("broker"));
     let consumer = Consumer::start(broker.port, "ground-1", "hsiedge/+/+/segment");
+    // Three segments a scene, a bound of two: the bound falls inside the first scene.
     write_config_with(
         d,
         &tiny_model(),
-        "queue = 1\n",
+        "queue = 1\nsegment_lines = 8\n",
         &delivery_tables(d, "edge-1", 2, true, Some(&broker.addr())),
     );
     let daemon = Daemon::start(d);
@@ -225,10 +226,15 @@ fn a_subscriber_that_never_acks_fills_the_queue_pauses_intake_and_mqtt_keeps_rec
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         }
     });
-    let full = daemon.wait_for("delivery_full", |_| true, Duration::from_secs(60));
-    assert_eq!(full["delivery"]["queued"], 2, "{full}");
+    // The first scene's third segment is committed and waits for room.
+    let full = daemon.wait_for("delivery_full", |v| v["scene_id"] == "s0", Duration::from_secs(60));
+    assert_eq!(
+        (full["segment"].as_u64(), full["delivery"]["queued"].as_u64()),
+        (Some(2), Some(2)),
+        "{full}"
+    );
     consumer.wait_distinct(2, Duration::from_secs(30));
-    // Paused: the sensors are held back, nothing more is run, the resends go on.
+    // Paused: the sensors are held back, nothing more is queued, the resends go on.
     std::thread::sleep(Duration::from_secs(2));
     let s = daemon.control(r#"{"cmd":"status"}"#);
     assert_eq!(
@@ -236,19 +242,37 @@ fn a_subscriber_that_never_acks_fills_the_queue_pauses_intake_and_mqtt_keeps_rec
         (Some(true), Some(2)),
         "{s}"
     );
-    assert_eq!(s["totals"]["scenes_done"], 2, "{s}");
+    assert_eq!(s["totals"]["scenes_done"], 0, "{s}");
     assert!(!sensors.is_finished(), "the sensor must see backpressure");
     assert!(!daemon.events("ack_timeout").is_empty());
+    assert_eq!(consumer.distinct().len(), 2, "nothing past the bound was queued");
 
-    // A real subscriber takes over: everything arrives, nothing was lost.
+    // A real subscriber takes over: everything arrives, nothing was lost, and the queue never
+    // held more than its bound on the way.
     let _ = silent.shutdown(std::net::Shutdown::Both);
     reader.join().unwrap();
-    let received = subscribe(d, &d.join("sub"), 5);
+    let sub = {
+        let d = d.to_path_buf();
+        std::thread::spawn(move || subscribe(&d, &d.join("sub"), 15))
+    };
+    let mut peak = 0;
+    while !sub.is_finished() {
+        let s = daemon.control(r#"{"cmd":"status"}"#);
+        peak = peak.max(s["delivery"]["queued"].as_u64().unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let received = sub.join().unwrap();
     sensors.join().unwrap();
-    consumer.wait_distinct(5, Duration::from_secs(60));
+    assert!(peak <= 2, "the queue held {peak} entries, over its bound of 2");
+    consumer.wait_distinct(15, Duration::from_secs(60));
     let seqs: std::collections::BTreeSet<u64> = received.iter().map(|r| r["sequence"].as_u64().unwrap()).collect();
-    assert_eq!(seqs, (0..5).collect());
-    daemon.wait_for("intake_resumed", |_| true, Duration::ZERO);
+    assert_eq!(seqs, (0..15).collect());
+    let (logged, fill) = (daemon.events("queued"), daemon.events("delivery_full"));
+    assert_eq!(logged.len(), 15, "{logged:?}");
+    assert!(
+        fill.iter().all(|v| v["delivery"]["queued"].as_u64() <= Some(2)),
+        "{fill:?}"
+    );
 }
 
 #[test]
