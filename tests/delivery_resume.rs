@@ -6,6 +6,9 @@
 //! The moment of the kill is made certain, not timed: a CBOR subscriber socket is configured with
 //! no subscriber and `queue_max = 6`, so the scene stops when its seventh segment waits for room
 //! (log `delivery_full`), with six segments journalled.
+//!
+//! Also here: a stream of unannounced length that is an exact multiple of `segment_lines` has its
+//! last segment marked `last`, in the outbox and in the delivered message.
 
 mod common;
 mod daemon_harness;
@@ -174,4 +177,43 @@ fn a_spooled_cube_killed_mid_run_resumes_after_its_last_committed_row_without_a_
         },
         |_| {},
     );
+}
+
+#[test]
+fn an_unannounced_stream_whose_length_is_a_multiple_of_the_segment_marks_its_last_segment() {
+    use hsiedge::source::stream::{Faults, SceneHeader, SensorStream};
+    use hsiedge::source::{FileSource, LineSource};
+    let dir = setup();
+    let d = dir.path();
+    let cube = tiny_cube(&d.join("cubes"), "short", 3 * SEGMENT, 16);
+    let daemon = Daemon::start(d);
+    let mut src = FileSource::open(&cube, Some("un")).unwrap();
+    let mut header = SceneHeader::from_info(src.info());
+    header.lines = None;
+    let conn = std::os::unix::net::UnixStream::connect(d.join("stream.sock")).unwrap();
+    let mut tx = SensorStream::new(conn, Faults::default());
+    tx.begin(&header).unwrap();
+    let mut line = vec![0u8; src.info().line_bytes()];
+    let mut n = 0;
+    while src.next_line(&mut line).unwrap().is_some() {
+        tx.line(n, &line).unwrap();
+        n += 1;
+    }
+    tx.end(n).unwrap();
+    let received = subscribe(d, &d.join("received"), 3);
+    let marks: Vec<(u64, bool)> = received
+        .iter()
+        .map(|r| (r["segment"].as_u64().unwrap(), r["last"] == true))
+        .collect();
+    assert_eq!(marks, vec![(0, false), (1, false), (2, true)]);
+    for (k, last) in marks {
+        let summary: serde_json::Value = serde_json::from_slice(&read(
+            &d.join("outbox/un").join(format!("seg-{k:06}")).join("summary.json"),
+        ))
+        .unwrap();
+        assert_eq!(summary["last"], last, "outbox segment {k}: {summary}");
+    }
+    let done = daemon.wait_for("scene_done", |v| v["scene_id"] == "un", Duration::from_secs(30));
+    assert_eq!(done["lines"], 3 * SEGMENT);
+    drop(tx);
 }
