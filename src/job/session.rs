@@ -535,3 +535,23 @@ fn write_strip(dir: &Path, manifest: &Manifest, lines: usize, samples: usize) ->
     std::fs::write(&path, header.to_text()).map_err(io(path.clone()))?;
     Ok(path)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::resume_start;
+
+    #[test]
+    fn a_resume_starts_whole_tile_rows_early_enough_to_read_the_halo_of_its_row() {
+        // Line 60 in rows of 25 lies in row 50..75, whose halo of 1 needs line 49: start at 25.
+        assert_eq!(resume_start(60, 25, 1), (25, 35));
+        // In the first row or the one after it, with a halo: from the scene's top.
+        assert_eq!(resume_start(16, 32, 1), (0, 16));
+        assert_eq!(resume_start(48, 32, 1), (0, 48));
+        assert_eq!(resume_start(64, 32, 1), (32, 32));
+        // A halo deeper than a row takes as many rows as it needs.
+        assert_eq!(resume_start(100, 10, 15), (80, 20));
+        // No halo: the row itself.
+        assert_eq!(resume_start(64, 32, 0), (64, 0));
+        assert_eq!(resume_start(70, 32, 0), (64, 6));
+    }
+}
