@@ -4,8 +4,8 @@
 //! byte, and the segments queued before the kill keep their sequence numbers.
 //!
 //! The moment of the kill is made certain, not timed: a CBOR subscriber socket is configured with
-//! no subscriber and `queue_max = 6`, so the scene stops when its seventh segment waits for room
-//! (log `delivery_full`), with six segments journalled.
+//! no subscriber and `queue_max = N`, so the scene stops when its segment N waits for room (log
+//! `delivery_full`), with N segments journalled.
 //!
 //! Also here: a stream of unannounced length that is an exact multiple of `segment_lines` has its
 //! last segment marked `last`, in the outbox and in the delivered message.
@@ -21,12 +21,14 @@ use common::*;
 use daemon_harness::*;
 use delivery_harness::*;
 
-/// 100 lines at tile 32: four balanced tile rows of 25 lines; segments of 10 lines.
-const LINES: usize = 100;
+/// 300 lines at tile 32: ten balanced tile rows of 30 lines; segments of 10 lines. Long enough
+/// that a scene stopped early has not been read to its end (the producer reads a few rows ahead).
+const LINES: usize = 300;
 const SEGMENT: usize = 10;
+/// Segments queued (and journalled) before the scene stops: resumes from line 60.
 const QUEUE_MAX: usize = 6;
 
-fn config(d: &Path) {
+fn config(d: &Path, queue_max: usize) {
     std::fs::write(
         d.join("hsiedge.toml"),
         format!(
@@ -37,16 +39,26 @@ fn config(d: &Path) {
              [models.tiny]\nmanifest = \"{m}\"\nmode = \"dense\"\nbatch = 1\ntile = 32\nthreads = 1\n",
             d = d.display(),
             m = tiny().display(),
-            tables = delivery_tables(d, "edge-1", QUEUE_MAX, true, None),
+            tables = delivery_tables(d, "edge-1", queue_max, true, None),
         ),
     )
     .unwrap();
 }
 
-/// Kills the daemon once `id` waits for room for its segment 6, with segments 0..5 queued as
-/// sequence numbers 0..5; restarts it with `resend` (the stream's sensor sending again, or
-/// nothing for a spooled cube the spool takes back) and checks the resumed run.
-fn killed_mid_scene_resumes(d: &Path, id: &str, start: impl FnOnce(&Daemon), resend: impl FnOnce(&Daemon)) {
+/// Kills the daemon once `id` waits for room for its segment `queue_max`, with the segments
+/// before it queued as sequence numbers 0.., restarts it with `resend` (the stream's sensor
+/// sending again, or nothing: a spooled cube the spool takes back, a stream recorded whole) and
+/// checks that the run resumed from `from` computing `computed` lines.
+fn killed_mid_scene_resumes(
+    d: &Path,
+    id: &str,
+    queue_max: usize,
+    (from, computed): (usize, usize),
+    journal_files: Vec<String>,
+    start: impl FnOnce(&Daemon),
+    resend: impl FnOnce(&Daemon),
+) {
+    config(d, queue_max);
     let want = d.join("classify");
     let cube = d.join("cubes/pass.hdr");
     classify(&cube, &tiny(), "dense", 1, &want);
@@ -55,7 +67,7 @@ fn killed_mid_scene_resumes(d: &Path, id: &str, start: impl FnOnce(&Daemon), res
     start(&daemon);
     daemon.wait_for(
         "delivery_full",
-        |v| v["scene_id"] == id && v["segment"] == QUEUE_MAX,
+        |v| v["scene_id"] == id && v["segment"] == queue_max,
         Duration::from_secs(60),
     );
     let before: Vec<(u64, u64)> = daemon
@@ -66,11 +78,23 @@ fn killed_mid_scene_resumes(d: &Path, id: &str, start: impl FnOnce(&Daemon), res
         .collect();
     assert_eq!(
         before,
-        (0..QUEUE_MAX as u64).map(|k| (k, k)).collect::<Vec<_>>(),
+        (0..queue_max as u64).map(|k| (k, k)).collect::<Vec<_>>(),
         "queued before the kill"
     );
     daemon.signal("KILL");
     let _ = daemon.wait(Duration::from_secs(10));
+    // What the kill left: the journal, and for a stream its lines as recorded so far (whole
+    // and renamed in once the scene's last line was read: the cube's data byte for byte).
+    let journal = d.join("state/journal");
+    let mut left: Vec<String> = std::fs::read_dir(&journal)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, journal_files, "left in {}", journal.display());
+    if left.iter().any(|f| f.ends_with(".img")) {
+        assert!(read(&journal.join(format!("{id}.img"))) == read(&cube.with_extension("img")));
+    }
 
     let daemon = Daemon::start(d);
     daemon.wait_for(
@@ -87,11 +111,10 @@ fn killed_mid_scene_resumes(d: &Path, id: &str, start: impl FnOnce(&Daemon), res
     resend(&daemon);
     let received = sub.join().unwrap();
     let resumed = daemon.wait_for("resumed", |v| v["scene_id"] == id, Duration::from_secs(60));
-    assert_eq!(resumed["resumed_from_row"], QUEUE_MAX * SEGMENT);
+    assert_eq!(resumed["resumed_from_row"], queue_max * SEGMENT);
     let done = daemon.wait_for("scene_done", |v| v["scene_id"] == id, Duration::from_secs(60));
-    // Line 60 lies in the tile row 50..75; its halo row 25..50 is run again and dropped.
-    assert_eq!(done["resumed_from_row"], 60, "{done}");
-    assert_eq!(done["lines_computed"], 75, "{done}");
+    assert_eq!(done["resumed_from_row"], from, "{done}");
+    assert_eq!(done["lines_computed"], computed, "{done}");
     assert_eq!(done["lines"], LINES, "{done}");
     assert!(done["lines_computed"].as_u64().unwrap() < LINES as u64);
 
@@ -103,7 +126,7 @@ fn killed_mid_scene_resumes(d: &Path, id: &str, start: impl FnOnce(&Daemon), res
         .collect();
     seqs.sort();
     assert_eq!(seqs.len(), LINES / SEGMENT, "{received:?}");
-    assert_eq!(&seqs[..QUEUE_MAX], &before[..]);
+    assert_eq!(&seqs[..queue_max], &before[..]);
     assert!(seqs.iter().enumerate().all(|(k, (s, _))| *s == k as u64));
     let last: Vec<bool> = received.iter().map(|r| r["last"] == true).collect();
     assert_eq!(
@@ -125,9 +148,13 @@ fn killed_mid_scene_resumes(d: &Path, id: &str, start: impl FnOnce(&Daemon), res
     assert_eq!(daemon.wait(Duration::from_secs(60)), Some(0));
 }
 
+fn files(id: &str, exts: &[&str]) -> Vec<String> {
+    exts.iter().map(|e| format!("{id}.{e}")).collect()
+}
+
 fn setup() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    config(dir.path());
+    config(dir.path(), QUEUE_MAX);
     let cubes = dir.path().join("cubes");
     std::fs::create_dir_all(&cubes).unwrap();
     tiny_cube(&cubes, "pass", LINES, 16);
@@ -140,9 +167,13 @@ fn a_streamed_scene_killed_mid_run_resumes_after_its_last_committed_row_when_re_
     let d = dir.path();
     let cube = d.join("cubes/pass.hdr");
     let mut first = None;
+    // Line 60 starts the tile row 60..90; its halo row 30..60 is run again and dropped.
     killed_mid_scene_resumes(
         d,
         "st",
+        QUEUE_MAX,
+        (60, 270),
+        files("st", &["log", "part"]),
         |daemon| {
             first = Some(
                 hsiedge()
@@ -167,6 +198,9 @@ fn a_spooled_cube_killed_mid_run_resumes_after_its_last_committed_row_without_a_
     killed_mid_scene_resumes(
         d,
         "sp",
+        QUEUE_MAX,
+        (60, 270),
+        files("sp", &["log"]),
         |_| {
             let incoming = d.join("spool/incoming");
             std::fs::create_dir_all(&incoming).unwrap();
@@ -177,6 +211,38 @@ fn a_spooled_cube_killed_mid_run_resumes_after_its_last_committed_row_without_a_
         },
         |_| {},
     );
+}
+
+#[test]
+fn a_stream_read_to_its_end_before_the_kill_is_finished_from_its_recorded_input_without_a_resend() {
+    let dir = setup();
+    let d = dir.path();
+    let cube = d.join("cubes/pass.hdr");
+    let mut first = None;
+    // Stopped at segment 27, in the last tile row (270..300): every line was read and
+    // recorded. Line 270 starts that row; its halo row 240..270 is run again.
+    killed_mid_scene_resumes(
+        d,
+        "rec",
+        27,
+        (270, 60),
+        files("rec", &["hdr", "img", "log"]),
+        |daemon| {
+            first = Some(
+                hsiedge()
+                    .args(["simulate-sensor", "--scene"])
+                    .arg(&cube)
+                    .args(["--rate", "0", "--connect", &daemon.unix(), "--scene-id", "rec"])
+                    .stderr(std::process::Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            )
+        },
+        |daemon| {
+            daemon.wait_for("replayed", |v| v["scene_id"] == "rec", Duration::from_secs(10));
+        },
+    );
+    let _ = first.map(|mut c| c.wait());
 }
 
 #[test]

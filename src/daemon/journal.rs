@@ -84,6 +84,12 @@ enum Record {
         /// Its folder in the outbox.
         folder: PathBuf,
     },
+    /// The scene's input is complete in `<folder>.img` / `.hdr` beside the journal (a stream's
+    /// lines as the worker read them, synced): the daemon can finish the scene by itself.
+    InputEnd {
+        /// Lines recorded.
+        lines: usize,
+    },
     /// A segment committed and queued.
     Segment {
         /// What was committed.
@@ -100,6 +106,17 @@ struct Read {
     folder: PathBuf,
     segments: Vec<SegmentRecord>,
     complete: bool,
+    input_lines: Option<usize>,
+}
+
+impl Read {
+    /// Whether a run can go on from it: not complete, something to go on from (committed
+    /// segments, or the whole input), and every committed segment still in place.
+    fn resumable(&self) -> bool {
+        !self.complete
+            && (!self.segments.is_empty() || self.input_lines.is_some())
+            && self.segments.iter().all(committed)
+    }
 }
 
 /// Reads the journal at `path`; a torn last line (the process killed mid-write) is ignored, as
@@ -118,12 +135,14 @@ fn read(path: &Path) -> Result<Option<Read>, DaemonError> {
                     folder,
                     segments: Vec::new(),
                     complete: false,
+                    input_lines: None,
                 });
             }
             (Record::Segment { segment, last }, Some(r)) if segment.index == r.segments.len() => {
                 r.complete |= last;
                 r.segments.push(segment);
             }
+            (Record::InputEnd { lines }, Some(r)) => r.input_lines = Some(lines),
             _ => break,
         }
     }
@@ -141,12 +160,61 @@ fn committed(s: &SegmentRecord) -> bool {
     s.folder.join("current").exists()
 }
 
-/// Whether the scene in `folder` can be resumed: its journal names at least one committed
-/// segment, not the scene's last, and the folder still holds them.
+/// Whether the scene in `folder` can be resumed: its journal names committed segments (not the
+/// scene's last) that the folder still holds, or its whole recorded input.
 pub fn resumable(state: &Path, folder: &Path) -> bool {
     let path = path_of(state, folder);
-    matches!(read(&path), Ok(Some(r)) if r.folder == folder && !r.complete && !r.segments.is_empty()
-        && r.segments.iter().all(committed))
+    matches!(read(&path), Ok(Some(r)) if r.folder == folder && r.resumable())
+}
+
+/// The recorded input beside a journal: the raw lines and their ENVI header.
+pub fn input_files(journal: &Path) -> (PathBuf, PathBuf) {
+    (journal.with_extension("img"), journal.with_extension("hdr"))
+}
+
+fn remove_input(journal: &Path) {
+    let (img, hdr) = input_files(journal);
+    // Absent unless a stream's input was recorded.
+    let _ = std::fs::remove_file(hdr);
+    let _ = std::fs::remove_file(journal.with_extension("part"));
+    let _ = std::fs::remove_file(img);
+}
+
+/// A scene whose whole input is recorded beside its journal: the daemon runs it again by itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replay {
+    /// What it was run as.
+    pub key: SceneKey,
+    /// Its outbox folder.
+    pub folder: PathBuf,
+    /// The recorded input's ENVI header.
+    pub header: PathBuf,
+}
+
+/// The scenes whose journal holds their whole input and that no worker holds (at start: every
+/// stream a killed daemon had read to its end but not finished).
+pub fn replayable(state: &Path) -> Vec<Replay> {
+    let Ok(entries) = std::fs::read_dir(state.join(JOURNAL)) else {
+        return Vec::new();
+    };
+    let open = open_set();
+    let mut found = Vec::new();
+    for path in entries.flatten().map(|e| e.path()) {
+        if path.extension().is_some_and(|e| e == "log")
+            && !open.contains(&path)
+            && let Ok(Some(r)) = read(&path)
+            && r.resumable()
+            && r.input_lines.is_some()
+        {
+            found.push(Replay {
+                key: r.key,
+                folder: r.folder,
+                header: input_files(&path).1,
+            });
+        }
+    }
+    found.sort_by(|a, b| a.folder.cmp(&b.folder));
+    found
 }
 
 /// Removes the journals no scene can resume from (their folder moved aside or gone, nothing
@@ -157,8 +225,18 @@ pub fn prune(state: &Path) -> Result<usize, DaemonError> {
     let mut removed = 0;
     for entry in std::fs::read_dir(&dir).map_err(io(&dir))? {
         let path = entry.map_err(io(&dir))?.path();
+        if path.extension().is_none_or(|e| e != "log") {
+            // Recorded input goes with its journal; a recording cut off (`.part`) or a
+            // temporary file of a rewrite, always.
+            let partial = path.extension().is_some_and(|e| e == "part" || e == "tmp");
+            if partial || !path.with_extension("log").exists() {
+                std::fs::remove_file(&path).map_err(io(&path))?;
+            }
+            continue;
+        }
         let keep = matches!(read(&path), Ok(Some(r)) if resumable(state, &r.folder));
         if !keep {
+            remove_input(&path);
             std::fs::remove_file(&path).map_err(io(&path))?;
             removed += 1;
         }
@@ -215,8 +293,19 @@ impl Journal {
         })
     }
 
-    /// The scene is over: the journal goes.
+    /// Records that the scene's whole input, `lines` lines, is in [`Journal::input`]'s files.
+    pub fn input_end(&mut self, lines: usize) -> Result<(), DaemonError> {
+        self.append(&Record::InputEnd { lines })
+    }
+
+    /// Where the scene's input is recorded: raw lines, ENVI header.
+    pub fn input(&self) -> (PathBuf, PathBuf) {
+        input_files(&self.path)
+    }
+
+    /// The scene is over: the journal and any recorded input go.
     pub fn finish(self) -> Result<(), DaemonError> {
+        remove_input(&self.path);
         std::fs::remove_file(&self.path).map_err(io(&self.path))
     }
 }
@@ -229,13 +318,11 @@ pub fn find(state: &Path, outbox: &Path, key: &SceneKey) -> Option<(Journal, Pat
     let entries = std::fs::read_dir(&dir).ok()?;
     for entry in entries.flatten() {
         let path = entry.path();
+        if path.extension().is_none_or(|e| e != "log") {
+            continue;
+        }
         let Ok(Some(r)) = read(&path) else { continue };
-        if r.key != *key
-            || r.complete
-            || r.segments.is_empty()
-            || r.folder.parent() != Some(outbox)
-            || !r.segments.iter().all(committed)
-        {
+        if r.key != *key || !r.resumable() || r.folder.parent() != Some(outbox) {
             continue;
         }
         let mut open = open_set();
@@ -267,6 +354,9 @@ fn rewrite(path: &Path, r: &Read) -> std::io::Result<std::fs::File> {
         key: r.key.clone(),
         folder: r.folder.clone(),
     })?;
+    if let Some(lines) = r.input_lines {
+        push(&Record::InputEnd { lines })?;
+    }
     for s in &r.segments {
         push(&Record::Segment {
             segment: s.clone(),

@@ -26,6 +26,7 @@ pub mod log;
 pub mod metrics;
 pub mod notify;
 pub mod outbox;
+pub mod replay;
 mod service;
 mod spool;
 pub mod status;

@@ -191,6 +191,8 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         Some(root) => Some(SpoolIntake::start(root, shared.clone())?),
         None => None,
     };
+    // Streams a killed daemon had read to their end are finished from their recorded input.
+    super::replay::submit_recorded(&lock(&daemon).config.state, shared.clone());
     let permits = Arc::new(Semaphore::new(lock(&daemon).config.intake.max_connections));
     let mut tasks = Vec::new();
     for l in listeners {

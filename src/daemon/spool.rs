@@ -26,6 +26,10 @@ impl IntakeScene for SpoolScene {
         &mut self.source
     }
 
+    fn durable_input(&self) -> bool {
+        true
+    }
+
     fn refused(self: Box<Self>, reason: &str) {
         let id = self.claimed.id().to_string();
         if let Err(e) = self.claimed.failed(reason) {

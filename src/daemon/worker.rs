@@ -19,6 +19,7 @@ use super::intake::{Job, ModelRoute};
 use super::journal::{self, Journal};
 use super::log;
 use super::outbox::{self, InFlight};
+use super::replay::{self, Recorded};
 use super::status::{SceneEntry, Status};
 use crate::delivery::Queue;
 use crate::delivery::enqueue::{Labels, enqueue};
@@ -235,7 +236,7 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
     let key = journal::SceneKey::of(&info, model, segment_lines);
     // A scene an earlier process left mid-way goes on in its folder after its last journalled
     // segment; any other gets a folder and a journal of its own.
-    let (folder, mut journal, resume) = match journal::find(&ctx.state, &ctx.outbox, &key) {
+    let (folder, journal, resume) = match journal::find(&ctx.state, &ctx.outbox, &key) {
         Some((j, folder, resume)) => {
             log::event(
                 "resumed",
@@ -276,13 +277,17 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
             }
         }
     };
+    let journal = std::sync::Mutex::new(journal);
     let marker = match InFlight::start(&ctx.state, &folder, &info.id, model) {
         Ok(m) => m,
         Err(e) => {
             // Kept for a later resume when the scene had committed segments already.
             if resume.segments.is_empty() {
                 let _ = std::fs::remove_dir(&folder);
-                let _ = journal.finish();
+                let _ = journal
+                    .into_inner()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .finish();
             }
             fail_before_start(ctx, &info, model, &origin, &e);
             scene.release(false);
@@ -311,8 +316,18 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
     let labels = Labels::of(session.manifest());
     let (result, rss_peak) = with_peak_anon(root, || {
         std::panic::catch_unwind(AssertUnwindSafe(|| {
+            // A stream's lines are recorded as they are read, so that a scene read to its end
+            // survives a kill without its sensor.
+            let durable = scene.durable_input();
+            let mut recorded;
+            let inner: &mut dyn LineSource = if durable {
+                scene.source()
+            } else {
+                recorded = Recorded::new(scene.source(), &journal, run.tile);
+                &mut recorded
+            };
             let mut counted = Counted {
-                inner: scene.source(),
+                inner,
                 lines: &entry.lines,
             };
             let run_info = crate::telemetry::RunInfo {
@@ -335,7 +350,7 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                     enqueue(q, &labels, model, &info, &folder, rec, last);
                 }
                 // Journalled once queued: a resume never skips a segment that was not queued.
-                if let Err(e) = journal.segment(rec, last) {
+                if let Err(e) = replay::lock(&journal).segment(rec, last) {
                     log::event(
                         "warning",
                         &format!(
@@ -362,6 +377,7 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 )
             })
             .map_err(|e| error_chain(&e))?;
+            drop(counted);
             scene.complete().map_err(|e| error_chain(&e))?;
             Ok::<_, String>(outcome)
         }))
@@ -436,7 +452,11 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
         }
     };
     // The scene is over, written or moved aside: nothing is left to resume.
-    if let Err(e) = journal.finish() {
+    if let Err(e) = journal
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .finish()
+    {
         log::event("warning", &error_chain(&e), serde_json::Value::Null);
     }
     if let Err(e) = marker.finish() {
