@@ -377,7 +377,6 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 )
             })
             .map_err(|e| error_chain(&e))?;
-            drop(counted);
             scene.complete().map_err(|e| error_chain(&e))?;
             Ok::<_, String>(outcome)
         }))
