@@ -217,6 +217,14 @@ pub fn replayable(state: &Path) -> Vec<Replay> {
     found
 }
 
+/// Removes `path`; one already gone (removed with its journal) is no error.
+fn remove_if_there(path: &Path) -> Result<(), DaemonError> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(path)(e)),
+        _ => Ok(()),
+    }
+}
+
 /// Removes the journals no scene can resume from (their folder moved aside or gone, nothing
 /// committed, or the scene complete); returns how many were removed.
 pub fn prune(state: &Path) -> Result<usize, DaemonError> {
@@ -230,14 +238,14 @@ pub fn prune(state: &Path) -> Result<usize, DaemonError> {
             // temporary file of a rewrite, always.
             let partial = path.extension().is_some_and(|e| e == "part" || e == "tmp");
             if partial || !path.with_extension("log").exists() {
-                std::fs::remove_file(&path).map_err(io(&path))?;
+                remove_if_there(&path)?;
             }
             continue;
         }
         let keep = matches!(read(&path), Ok(Some(r)) if resumable(state, &r.folder));
         if !keep {
             remove_input(&path);
-            std::fs::remove_file(&path).map_err(io(&path))?;
+            remove_if_there(&path)?;
             removed += 1;
         }
     }
@@ -450,6 +458,10 @@ mod tests {
         std::fs::remove_dir_all(&f2).unwrap();
         let mut live = Journal::create(&state, &key("c"), &f3).unwrap();
         live.segment(&seg(&f3, 0), false).unwrap();
+        // Recorded input goes with its journal, whichever the directory lists first.
+        for ext in ["part", "img", "hdr"] {
+            std::fs::write(done.input().0.with_extension(ext), b"x").unwrap();
+        }
         drop((done, moved, live));
         assert!(!resumable(&state, &f1) && !resumable(&state, &f2) && resumable(&state, &f3));
         assert!(find(&state, &outbox, &key("b")).is_none());
