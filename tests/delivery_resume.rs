@@ -7,7 +7,9 @@
 //! no subscriber and `queue_max = N`, so the scene stops when its segment N waits for room (log
 //! `delivery_full`), with N segments journalled.
 //!
-//! Also here: a stream of unannounced length that is an exact multiple of `segment_lines` has its
+//! Also here: a segment that finds the outbox's file system full pauses its scene (a tmpfs outbox,
+//! root only, skipped with the reason otherwise), which goes on from its last committed segment
+//! when space returns; and a stream of unannounced length that is an exact multiple of `segment_lines` has its
 //! last segment marked `last`, in the outbox and in the delivered message.
 
 mod common;
@@ -282,4 +284,77 @@ fn an_unannounced_stream_whose_length_is_a_multiple_of_the_segment_marks_its_las
     let done = daemon.wait_for("scene_done", |v| v["scene_id"] == "un", Duration::from_secs(30));
     assert_eq!(done["lines"], 3 * SEGMENT);
     drop(tx);
+}
+
+/// Fills the outbox's file system to about `left` bytes free; returns the filler.
+fn fill(outbox: &Path, left: u64) -> std::path::PathBuf {
+    let free = hsiedge::ffi::available_bytes(outbox).unwrap();
+    let filler = outbox.join("filler");
+    std::fs::write(&filler, vec![7u8; free.saturating_sub(left) as usize]).unwrap();
+    filler
+}
+
+/// Waits for `id` to pause for space, checks what it says, frees the space and checks the scene
+/// went on to maps equal to `want`, with every segment delivered once.
+fn pauses_for_space_and_goes_on(daemon: &Daemon, d: &Path, id: &str, filler: &Path, want: &Path) {
+    let full = daemon.wait_for("outbox_full", |v| v["scene_id"] == id, Duration::from_secs(60));
+    let msg = full["msg"].as_str().unwrap();
+    assert!(msg.contains("no space left in") && msg.contains("MiB needed"), "{full}");
+    assert_eq!(full["path"], d.join("outbox").display().to_string(), "{full}");
+    assert!(full["needed_bytes"].as_u64().unwrap() > full["free_bytes"].as_u64().unwrap());
+    let s = daemon.control(r#"{"cmd":"status"}"#);
+    assert!(
+        s["paused"]["tiny"].as_str().unwrap_or("").contains("no space left"),
+        "{s}"
+    );
+    assert_eq!(s["totals"]["scenes_failed"], 0, "{s}");
+    std::fs::remove_file(filler).unwrap();
+    let out = d.join(format!("received-{id}"));
+    let received = subscribe(d, &out, LINES / SEGMENT);
+    assert_eq!(received.len(), LINES / SEGMENT, "{received:?}");
+    let done = daemon.wait_for("scene_done", |v| v["scene_id"] == id, Duration::from_secs(60));
+    assert!(done["resumed_from_row"].as_u64().unwrap() > 0, "{done}");
+    assert_eq!(done["lines"], LINES, "{done}");
+    for name in ["class_map.img", "confidence.img"] {
+        let joined: Vec<u8> = (0..LINES / SEGMENT)
+            .flat_map(|k| read(&out.join("edge-1").join(id).join(format!("seg-{k:06}")).join(name)))
+            .collect();
+        assert!(joined == read(&want.join(name)), "{id}: {name} differs from classify");
+    }
+}
+
+#[test]
+fn a_segment_that_finds_the_outbox_full_pauses_its_scene_which_goes_on_when_space_returns() {
+    let dir = setup();
+    let d = dir.path();
+    let Some(_fs) = Tmpfs::mount(&d.join("outbox"), "4m") else {
+        return;
+    };
+    config(d, 64);
+    let cube = d.join("cubes/pass.hdr");
+    let want = d.join("classify");
+    classify(&cube, &tiny(), "dense", 1, &want);
+    let daemon = Daemon::start(d);
+    // Room for a few of the scene's 30 segments, not for all.
+    let outbox = d.join("outbox");
+
+    // A stream: read again from its recording, then from its connection, which waited.
+    let filler = fill(&outbox, 160 << 10);
+    let (c, unix) = (cube.clone(), daemon.unix());
+    let sensor = std::thread::spawn(move || sensor_ok(&c, &unix, &["--scene-id", "nst"]));
+    pauses_for_space_and_goes_on(&daemon, d, "nst", &filler, &want);
+    sensor.join().unwrap();
+
+    // A spooled cube: read again from its file.
+    let filler = fill(&outbox, 160 << 10);
+    let incoming = d.join("spool/incoming");
+    std::fs::create_dir_all(&incoming).unwrap();
+    std::fs::copy(cube.with_extension("img"), incoming.join("nsp.img")).unwrap();
+    std::fs::copy(&cube, incoming.join(".nsp.hdr.tmp")).unwrap();
+    std::fs::rename(incoming.join(".nsp.hdr.tmp"), incoming.join("nsp.hdr")).unwrap();
+    pauses_for_space_and_goes_on(&daemon, d, "nsp", &filler, &want);
+
+    assert_eq!(std::fs::read_dir(outbox.join(".failed")).unwrap().count(), 0);
+    assert_eq!(daemon.control(r#"{"cmd":"drain"}"#)["ok"], true);
+    assert_eq!(daemon.wait(Duration::from_secs(60)), Some(0));
 }

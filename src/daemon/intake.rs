@@ -41,6 +41,12 @@ pub trait IntakeScene: Send {
         false
     }
 
+    /// For a scene of durable input: starts its source again from its first line (a run paused
+    /// for space goes on); false when it cannot.
+    fn reopen(&mut self) -> bool {
+        false
+    }
+
     /// The scene was refused before its run for `reason`; nothing was written for it.
     fn refused(self: Box<Self>, reason: &str) {
         let _ = reason;

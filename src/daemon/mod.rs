@@ -24,6 +24,7 @@ pub mod journal;
 pub mod listen;
 pub mod log;
 pub mod metrics;
+pub mod nospace;
 pub mod notify;
 pub mod outbox;
 pub mod replay;

@@ -56,6 +56,51 @@ impl<'a> Recorded<'a> {
         }
     }
 
+    /// Goes on recording after the `n` lines already in the journal's recording (a run paused
+    /// for space, read again); returns the recording's path with it. When the input had been
+    /// recorded whole already, nothing more is recorded: `Err` gives the recording's path and
+    /// `inner` back.
+    #[allow(clippy::type_complexity)]
+    pub fn resume(
+        inner: &'a mut dyn LineSource,
+        journal: &'a Mutex<Journal>,
+        sync_every: usize,
+        n: usize,
+    ) -> Result<(PathBuf, Self), (PathBuf, &'a mut dyn LineSource)> {
+        let img = lock(journal).input().0;
+        let part = img.with_extension("part");
+        if img.exists() && !part.exists() {
+            return Err((img, inner));
+        }
+        // A line cut short by the failure is cut off.
+        let bytes = (n * inner.info().line_bytes()) as u64;
+        let file = match std::fs::OpenOptions::new()
+            .append(true)
+            .open(&part)
+            .and_then(|f| f.set_len(bytes).map(|()| f))
+        {
+            Ok(f) => Some((f, part.clone())),
+            Err(e) => {
+                warn(&inner.info().id, &part, &e);
+                None
+            }
+        };
+        let rec = Self {
+            inner,
+            journal,
+            file,
+            lines: n,
+            sync_every: sync_every.max(1),
+            ended: false,
+        };
+        Ok((part, rec))
+    }
+
+    /// Lines recorded so far.
+    pub fn recorded(&self) -> usize {
+        self.lines
+    }
+
     fn record(&mut self, line: &[u8]) {
         let Some((f, path)) = &mut self.file else { return };
         let mut done = f.write_all(line);
@@ -155,6 +200,7 @@ impl LineSource for Recorded<'_> {
 struct RecordedScene {
     source: FileSource,
     info: SceneInfo,
+    header: PathBuf,
 }
 
 impl LineSource for RecordedScene {
@@ -180,6 +226,16 @@ impl IntakeScene for RecordedScene {
         true
     }
 
+    fn reopen(&mut self) -> bool {
+        match FileSource::open(&self.header, Some(&self.info.id)) {
+            Ok(s) => {
+                self.source = s;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     fn release(self: Box<Self>, _ok: bool) {}
 }
 
@@ -192,7 +248,11 @@ fn open(r: &Replay) -> Result<RecordedScene, String> {
         model: Some(r.key.model.clone()),
         ..source.info().clone()
     };
-    Ok(RecordedScene { source, info })
+    Ok(RecordedScene {
+        source,
+        info,
+        header: r.header.clone(),
+    })
 }
 
 /// Queues every scene whose input a killed daemon had recorded whole, from a thread of its own

@@ -18,6 +18,7 @@ use super::config::ModelConfig;
 use super::intake::{Job, ModelRoute};
 use super::journal::{self, Journal};
 use super::log;
+use super::nospace;
 use super::outbox::{self, InFlight};
 use super::replay::{self, Recorded};
 use super::status::{SceneEntry, Status};
@@ -316,20 +317,6 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
     let labels = Labels::of(session.manifest());
     let (result, rss_peak) = with_peak_anon(root, || {
         std::panic::catch_unwind(AssertUnwindSafe(|| {
-            // A stream's lines are recorded as they are read, so that a scene read to its end
-            // survives a kill without its sensor.
-            let durable = scene.durable_input();
-            let mut recorded;
-            let inner: &mut dyn LineSource = if durable {
-                scene.source()
-            } else {
-                recorded = Recorded::new(scene.source(), &journal, run.tile);
-                &mut recorded
-            };
-            let mut counted = Counted {
-                inner,
-                lines: &entry.lines,
-            };
             let run_info = crate::telemetry::RunInfo {
                 batch: run.batch as u64,
                 batch_reason: if session.is_auto_batch() {
@@ -341,6 +328,8 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 provider: session.runtime().provider().ort_name().into(),
                 provider_fallbacks: session.runtime().fallbacks().iter().map(ToString::to_string).collect(),
             };
+            // The segments committed so far, where a run paused for space goes on from.
+            let journalled = std::sync::Mutex::new(resume.segments.clone());
             // Each segment is queued for delivery as soon as it is committed.
             let mut queue_segment = |rec: &crate::map::SegmentRecord, last: bool| {
                 // A segment that fills up is committed before the scene's end is seen; a scene of
@@ -361,21 +350,91 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                         serde_json::json!({"scene_id": info.id}),
                     );
                 }
+                journalled
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(rec.clone());
             };
-            let outcome = super::metrics::observe(ctx.metrics.as_ref(), run_info, |record| {
-                session.run_stream_resumed(
-                    &mut counted,
-                    &folder,
-                    segments,
-                    &resume,
-                    &mut |px| {
-                        entry.pixels.store(px.pixels_done as u64, Ordering::Relaxed);
-                        entry.batch.store(px.batch as u64, Ordering::Relaxed);
-                        record(px);
-                    },
-                    &mut queue_segment,
-                )
-            })
+            let durable = scene.durable_input();
+            let mut resume = resume.clone();
+            // Lines of a stream recorded before a pause for space: read back from the recording.
+            let mut recorded_before: Option<usize> = None;
+            let outcome = loop {
+                let (result, recorded_lines) = {
+                    // A stream's lines are recorded as they are read, so that a scene read to its
+                    // end survives a kill without its sensor.
+                    let mut recorded = None;
+                    let mut rewound = None;
+                    let inner: &mut dyn LineSource = match (durable, recorded_before) {
+                        (true, _) => scene.source(),
+                        (false, None) => recorded.insert(Recorded::new(scene.source(), &journal, run.tile)),
+                        (false, Some(n)) => {
+                            let (path, rest): (_, &mut dyn LineSource) =
+                                match Recorded::resume(scene.source(), &journal, run.tile, n) {
+                                    Ok((path, rec)) => (path, recorded.insert(rec)),
+                                    Err((path, source)) => (path, source),
+                                };
+                            let again = nospace::Rewound::new(&path, n, rest).map_err(|e| error_chain(&e))?;
+                            rewound.insert(again)
+                        }
+                    };
+                    let mut counted = Counted {
+                        inner,
+                        lines: &entry.lines,
+                    };
+                    let result = super::metrics::observe(ctx.metrics.as_ref(), run_info.clone(), |record| {
+                        session.run_stream_resumed(
+                            &mut counted,
+                            &folder,
+                            segments,
+                            &resume,
+                            &mut |px| {
+                                entry.pixels.store(px.pixels_done as u64, Ordering::Relaxed);
+                                entry.batch.store(px.batch as u64, Ordering::Relaxed);
+                                record(px);
+                            },
+                            &mut queue_segment,
+                        )
+                    });
+                    drop(rewound);
+                    let lines = recorded
+                        .as_ref()
+                        .map_or(recorded_before.unwrap_or(0), Recorded::recorded);
+                    (result, lines)
+                };
+                match result {
+                    Err(e) if nospace::storage_full(&e) => {
+                        let needed = nospace::segment_bytes(
+                            if segment_lines > 0 {
+                                segment_lines
+                            } else {
+                                info.lines.unwrap_or(run.tile)
+                            },
+                            info.samples,
+                            session.manifest().classes(),
+                            run.keep_scores,
+                        );
+                        let give_up = || ctx.draining.load(Ordering::Acquire);
+                        if !nospace::wait_for_space(&ctx.status, model, &info.id, &ctx.outbox, needed, &give_up) {
+                            break Err(e);
+                        }
+                        session.reset_buffers();
+                        if durable && !scene.reopen() {
+                            break Err(e);
+                        }
+                        if !durable {
+                            recorded_before = Some(recorded_lines);
+                        }
+                        resume = Resume {
+                            segments: journalled
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .clone(),
+                        };
+                    }
+                    other => break other,
+                }
+            }
             .map_err(|e| error_chain(&e))?;
             scene.complete().map_err(|e| error_chain(&e))?;
             Ok::<_, String>(outcome)
@@ -429,6 +488,8 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
             (true, false)
         }
         Ok(Err(error)) => {
+            // The failed run's batches in flight were never given back.
+            session.reset_buffers();
             fail_after_start(ctx, &info, model, &origin, &folder, &error, &memory);
             (false, false)
         }

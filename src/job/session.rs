@@ -318,6 +318,12 @@ impl ModelSession {
         })
     }
 
+    /// Starts the batch buffers afresh, after a run that failed mid-way: the batches it had in
+    /// flight were dropped, not given back, and would count against the next run's bound.
+    pub fn reset_buffers(&mut self) {
+        self.buffers = BufferPool::new(1);
+    }
+
     /// The model.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
