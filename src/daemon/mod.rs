@@ -27,6 +27,7 @@ pub mod metrics;
 pub mod nospace;
 pub mod notify;
 pub mod outbox;
+mod pause;
 pub mod replay;
 mod service;
 mod spool;
