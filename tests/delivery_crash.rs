@@ -2,8 +2,10 @@
 //! streamed and a spooled scene at once (docs/reliability.md): after a restart every scene is
 //! delivered over MQTT, its maps equal `hsiedge classify`'s byte for byte, each segment has one
 //! sequence number (a scene run again after the kill is queued once), and a segment received more
-//! than once carries that number and the same bytes. The number of kill points
-//! is `HSIEDGE_TEST_KILL_POINTS` (default 3; docs/reliability.md records a 20-point run).
+//! than once carries that number and the same bytes. A scene cut after a journalled segment
+//! resumes after it (counted, with the lines not computed again), and a stream read to its end is
+//! finished from its recording. The number of kill points is `HSIEDGE_TEST_KILL_POINTS` (default
+//! 3; docs/reliability.md records a 20-point run).
 
 mod common;
 mod daemon_harness;
