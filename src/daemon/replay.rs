@@ -2,8 +2,8 @@
 //!
 //! A spooled cube is durable input by itself; a stream's lines exist only on the sensor's
 //! connection. So a worker records every line it reads from a stream ([`Recorded`]) into
-//! `STATE/journal/<folder>.part`, synced every tile row; once the scene's last line is in, the
-//! file is synced and renamed `<folder>.img`, its ENVI header (`.hdr`) written and synced, and
+//! `STATE/journal/<folder>.part`; once the scene's last line is in, the file is synced and
+//! renamed `<folder>.img`, its ENVI header (`.hdr`) written and synced, and
 //! `input_end` journalled. A daemon killed after that
 //! finishes the scene by itself at its next start ([`submit_recorded`]): the recorded cube is
 //! queued as the same scene (same id, model, announced length), which resumes after its last
@@ -27,15 +27,14 @@ pub struct Recorded<'a> {
     journal: &'a Mutex<Journal>,
     file: Option<(std::fs::File, PathBuf)>,
     lines: usize,
-    sync_every: usize,
     ended: bool,
 }
 
 impl<'a> Recorded<'a> {
-    /// Records what `inner` hands out into `journal`'s input files, synced every `sync_every`
-    /// lines. A file that cannot be written is logged and recording stops: the scene runs on,
+    /// Records what `inner` hands out into `journal`'s input files (synced once whole: a
+    /// recording is used only once the scene's last line is in it, or by this process). A file that cannot be written is logged and recording stops: the scene runs on,
     /// only without this safeguard.
-    pub fn new(inner: &'a mut dyn LineSource, journal: &'a Mutex<Journal>, sync_every: usize) -> Self {
+    pub fn new(inner: &'a mut dyn LineSource, journal: &'a Mutex<Journal>) -> Self {
         // Written under a name of its own and renamed in once whole: a recording another run
         // reads (a replay, mapped) is replaced, never truncated under it.
         let part = lock(journal).input().0.with_extension("part");
@@ -51,7 +50,6 @@ impl<'a> Recorded<'a> {
             journal,
             file,
             lines: 0,
-            sync_every: sync_every.max(1),
             ended: false,
         }
     }
@@ -64,7 +62,6 @@ impl<'a> Recorded<'a> {
     pub fn resume(
         inner: &'a mut dyn LineSource,
         journal: &'a Mutex<Journal>,
-        sync_every: usize,
         n: usize,
     ) -> Result<(PathBuf, Self), (PathBuf, &'a mut dyn LineSource)> {
         let img = lock(journal).input().0;
@@ -90,7 +87,6 @@ impl<'a> Recorded<'a> {
             journal,
             file,
             lines: n,
-            sync_every: sync_every.max(1),
             ended: false,
         };
         Ok((part, rec))
@@ -103,11 +99,7 @@ impl<'a> Recorded<'a> {
 
     fn record(&mut self, line: &[u8]) {
         let Some((f, path)) = &mut self.file else { return };
-        let mut done = f.write_all(line);
-        if done.is_ok() && (self.lines + 1).is_multiple_of(self.sync_every) {
-            done = f.sync_data();
-        }
-        match done {
+        match f.write_all(line) {
             Ok(()) => self.lines += 1,
             Err(e) => {
                 warn(&self.inner.info().id, path, &e);

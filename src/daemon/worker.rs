@@ -368,10 +368,10 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                     let mut rewound = None;
                     let inner: &mut dyn LineSource = match (durable, recorded_before) {
                         (true, _) => scene.source(),
-                        (false, None) => recorded.insert(Recorded::new(scene.source(), &journal, run.tile)),
+                        (false, None) => recorded.insert(Recorded::new(scene.source(), &journal)),
                         (false, Some(n)) => {
                             let (path, rest): (_, &mut dyn LineSource) =
-                                match Recorded::resume(scene.source(), &journal, run.tile, n) {
+                                match Recorded::resume(scene.source(), &journal, n) {
                                     Ok((path, rec)) => (path, recorded.insert(rec)),
                                     Err((path, source)) => (path, source),
                                 };
