@@ -98,6 +98,18 @@ impl TileGrid {
         }
     }
 
+    /// This grid with tile rows of exactly `tile_h` lines from the top (a resumed scene keeps the
+    /// rows of its first run, `LineSource::tile_rows`); columns stay as they are.
+    pub fn with_tile_h(self, tile_h: usize) -> Self {
+        let tile_h = tile_h.max(1);
+        let rows = if self.lines == UNKNOWN_LINES {
+            UNKNOWN_LINES
+        } else {
+            self.lines.div_ceil(tile_h)
+        };
+        Self { tile_h, rows, ..self }
+    }
+
     /// This grid once the scene is known to have `lines` lines; tile sizes stay as they are.
     pub fn with_lines(self, lines: usize) -> Self {
         Self {

@@ -224,7 +224,7 @@ fn sigterm_mid_scene_finishes_the_scene_then_exits_zero() {
 }
 
 #[test]
-fn a_scene_in_flight_when_the_daemon_is_killed_is_moved_aside_at_restart() {
+fn a_scene_in_flight_when_the_daemon_is_killed_is_kept_and_resumed_when_sent_again() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let cube = tiny_cube(d, "cut", 200, 16);
@@ -246,12 +246,13 @@ fn a_scene_in_flight_when_the_daemon_is_killed_is_moved_aside_at_restart() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    // Wait for the first committed segment, then kill without a drain.
-    let seg = d.join("outbox/pass-9/seg-000000/class_map.img");
+    // Wait for the first segment in the scene's journal (committed, queued), then kill without
+    // a drain.
+    let journal = d.join("state/journal/pass-9.log");
     let start = Instant::now();
-    while !seg.exists() {
+    while !std::fs::read_to_string(&journal).is_ok_and(|j| j.contains("\"segment\"")) {
         assert!(start.elapsed() < Duration::from_secs(30), "no segment committed");
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(Duration::from_millis(5));
     }
     daemon.signal("KILL");
     let _ = daemon.wait(Duration::from_secs(10));
@@ -261,17 +262,18 @@ fn a_scene_in_flight_when_the_daemon_is_killed_is_moved_aside_at_restart() {
     let again = Daemon::start(d);
     let r = again.wait_for("recovered", |_| true, Duration::ZERO);
     assert!(r["msg"].as_str().unwrap().contains("pass-9"), "{r}");
-    let aside = d.join("outbox/.failed/pass-9");
+    assert!(r["msg"].as_str().unwrap().contains("kept"), "{r}");
     assert!(
-        aside.join("seg-000000/class_map.img").is_file(),
-        "committed segments kept"
+        d.join("outbox/pass-9/seg-000000/class_map.img").is_file(),
+        "committed segments kept in place"
     );
-    let error = String::from_utf8(read(&aside.join("error.json"))).unwrap();
-    assert!(error.contains("interrupted"), "{error}");
-    // The sensor resends the scene: it gets its own folder again.
+    // The sensor resends the scene: it goes on in its folder after its committed segments.
     sensor_ok(&cube, &again.unix(), &["--scene-id", "pass-9"]);
-    again.wait_for("scene_done", |v| v["scene_id"] == "pass-9", Duration::from_secs(30));
+    let done = again.wait_for("scene_done", |v| v["scene_id"] == "pass-9", Duration::from_secs(30));
+    assert!(done["resumed_from_row"].as_u64().unwrap() >= 32, "{done}");
+    assert_eq!(done["folder"], d.join("outbox/pass-9").display().to_string());
     assert!(d.join("outbox/pass-9/seg-000006/class_map.img").is_file());
+    assert!(!d.join("outbox/.failed/pass-9").exists());
 }
 
 #[test]

@@ -10,8 +10,6 @@ mod common;
 mod daemon_harness;
 mod delivery_harness;
 
-use common::skip;
-
 use std::time::{Duration, Instant};
 
 use daemon_harness::*;
@@ -201,10 +199,11 @@ fn a_subscriber_that_never_acks_fills_the_queue_pauses_intake_and_mqtt_keeps_rec
     let d = dir.path();
     let broker = Broker::start(&d.join("broker"));
     let consumer = Consumer::start(broker.port, "ground-1", "hsiedge/+/+/segment");
+    // Three segments a scene, a bound of two: the bound falls inside the first scene.
     write_config_with(
         d,
         &tiny_model(),
-        "queue = 1\n",
+        "queue = 1\nsegment_lines = 8\n",
         &delivery_tables(d, "edge-1", 2, true, Some(&broker.addr())),
     );
     let daemon = Daemon::start(d);
@@ -225,10 +224,15 @@ fn a_subscriber_that_never_acks_fills_the_queue_pauses_intake_and_mqtt_keeps_rec
             assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         }
     });
-    let full = daemon.wait_for("delivery_full", |_| true, Duration::from_secs(60));
-    assert_eq!(full["delivery"]["queued"], 2, "{full}");
+    // The first scene's third segment is committed and waits for room.
+    let full = daemon.wait_for("delivery_full", |v| v["scene_id"] == "s0", Duration::from_secs(60));
+    assert_eq!(
+        (full["segment"].as_u64(), full["delivery"]["queued"].as_u64()),
+        (Some(2), Some(2)),
+        "{full}"
+    );
     consumer.wait_distinct(2, Duration::from_secs(30));
-    // Paused: the sensors are held back, nothing more is run, the resends go on.
+    // Paused: the sensors are held back, nothing more is queued, the resends go on.
     std::thread::sleep(Duration::from_secs(2));
     let s = daemon.control(r#"{"cmd":"status"}"#);
     assert_eq!(
@@ -236,19 +240,37 @@ fn a_subscriber_that_never_acks_fills_the_queue_pauses_intake_and_mqtt_keeps_rec
         (Some(true), Some(2)),
         "{s}"
     );
-    assert_eq!(s["totals"]["scenes_done"], 2, "{s}");
+    assert_eq!(s["totals"]["scenes_done"], 0, "{s}");
     assert!(!sensors.is_finished(), "the sensor must see backpressure");
     assert!(!daemon.events("ack_timeout").is_empty());
+    assert_eq!(consumer.distinct().len(), 2, "nothing past the bound was queued");
 
-    // A real subscriber takes over: everything arrives, nothing was lost.
+    // A real subscriber takes over: everything arrives, nothing was lost, and the queue never
+    // held more than its bound on the way.
     let _ = silent.shutdown(std::net::Shutdown::Both);
     reader.join().unwrap();
-    let received = subscribe(d, &d.join("sub"), 5);
+    let sub = {
+        let d = d.to_path_buf();
+        std::thread::spawn(move || subscribe(&d, &d.join("sub"), 15))
+    };
+    let mut peak = 0;
+    while !sub.is_finished() {
+        let s = daemon.control(r#"{"cmd":"status"}"#);
+        peak = peak.max(s["delivery"]["queued"].as_u64().unwrap_or(0));
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let received = sub.join().unwrap();
     sensors.join().unwrap();
-    consumer.wait_distinct(5, Duration::from_secs(60));
+    assert!(peak <= 2, "the queue held {peak} entries, over its bound of 2");
+    consumer.wait_distinct(15, Duration::from_secs(60));
     let seqs: std::collections::BTreeSet<u64> = received.iter().map(|r| r["sequence"].as_u64().unwrap()).collect();
-    assert_eq!(seqs, (0..5).collect());
-    daemon.wait_for("intake_resumed", |_| true, Duration::ZERO);
+    assert_eq!(seqs, (0..15).collect());
+    let (logged, fill) = (daemon.events("queued"), daemon.events("delivery_full"));
+    assert_eq!(logged.len(), 15, "{logged:?}");
+    assert!(
+        fill.iter().all(|v| v["delivery"]["queued"].as_u64() <= Some(2)),
+        "{fill:?}"
+    );
 }
 
 #[test]
@@ -355,48 +377,6 @@ fn a_daemon_killed_after_queueing_delivers_after_restart_with_the_same_sequence(
     sensor_ok(&cube, &daemon.unix(), &["--scene-id", "next"]);
     consumer.wait_distinct(2, Duration::from_secs(60));
     assert_eq!(consumer.segment("next").unwrap().sequence, 1);
-}
-
-/// A tmpfs mounted for the test, unmounted on drop.
-struct Tmpfs(std::path::PathBuf);
-
-impl Tmpfs {
-    /// Mounts a tmpfs of `size` at `at`; `None` (skipped, with the reason) when that is not
-    /// possible here: not root, or no mount permission. In CI (root) it must work.
-    fn mount(at: &std::path::Path, size: &str) -> Option<Self> {
-        std::fs::create_dir_all(at).unwrap();
-        let root = std::fs::read_to_string("/proc/self/status")
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
-        let out = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(at)
-            .output();
-        match out {
-            Ok(o) if o.status.success() => Some(Self(at.to_path_buf())),
-            other => {
-                let why = match other {
-                    Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
-                    Err(e) => e.to_string(),
-                };
-                assert!(
-                    std::env::var("CI").is_err() || !root,
-                    "CI runs as root and must be able to mount a tmpfs: {why}"
-                );
-                skip(format!(
-                    "cannot mount a small tmpfs for the outbox (root: {root}): {why}"
-                ));
-                None
-            }
-        }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg(&self.0).status();
-    }
 }
 
 #[test]

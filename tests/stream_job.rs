@@ -258,3 +258,66 @@ fn a_scene_the_model_cannot_read_is_refused_before_any_file() {
     assert!(format!("{err:#}").contains("no lines"), "{err:#}");
     assert!(!out_dir.exists());
 }
+
+#[test]
+fn a_scene_resumed_after_its_committed_segments_gives_the_segments_an_uninterrupted_run_gives() {
+    use hsiedge::job::Resume;
+    let (Some(data), Some(model)) = (data(), common::model("hybridsn_salinas_a")) else {
+        return;
+    };
+    let scene = data.join("salinas_a/salinas_a.hdr");
+    let dir = tempfile::tempdir().unwrap();
+    let opts = SegmentOptions {
+        segment_lines: 20,
+        keep_scores: false,
+    };
+    for (mode, batch, name) in [(Mode::Dense, 2, "dense"), (Mode::Patch, 64, "patch")] {
+        if mode == Mode::Patch && emulator().is_some() {
+            skip("the resumed Salinas-A scene in patch mode: minutes under an emulator; the native run covers it");
+            continue;
+        }
+        let mut s = session(&model, mode, batch);
+        // Announced length: balanced tile rows of 28 lines (83 at tile 32). Resumed at line 60
+        // (3 segments), in the row 56..84 whose halo of 5 needs the row 28..56: 55 lines run.
+        // Unannounced: rows of 32; resumed at line 80 (4 segments), row 64..83, halo row 32..64.
+        for (announced, kept, computed) in [(true, 3, 55), (false, 4, 51)] {
+            let open = || -> Box<dyn LineSource> {
+                let f = FileSource::open(&scene, None).unwrap();
+                if announced {
+                    Box::new(f)
+                } else {
+                    Box::new(Unannounced::new(f, &[]))
+                }
+            };
+            let tag = format!("{name}-{announced}");
+            let full = s
+                .run_stream(&mut *open(), &dir.path().join(format!("full-{tag}")), opts, &mut |_| {})
+                .unwrap();
+            let resume = Resume {
+                segments: full.segments[..kept].to_vec(),
+            };
+            let again = dir.path().join(format!("resumed-{tag}"));
+            let out = s
+                .run_stream_resumed(&mut *open(), &again, opts, &resume, &mut |_| {}, &mut |_, _| {})
+                .unwrap();
+            assert_eq!((out.resumed_from_line, out.run.lines), (kept * 20, computed), "{tag}");
+            assert_eq!(out.lines_skipped + out.run.lines, 83, "{tag}");
+            assert_eq!(out.segments.len(), full.segments.len(), "{tag}");
+            for (a, b) in full.segments[kept..].iter().zip(&out.segments[kept..]) {
+                assert_eq!(
+                    (a.index, a.first_line, a.lines),
+                    (b.index, b.first_line, b.lines),
+                    "{tag}"
+                );
+                assert!(b.folder.starts_with(&again), "{tag}: {}", b.folder.display());
+                for f in ["class_map.img", "confidence.img"] {
+                    assert!(
+                        read(a.folder.join(f)) == read(b.folder.join(f)),
+                        "{tag}: segment {} {f}",
+                        a.index
+                    );
+                }
+            }
+        }
+    }
+}

@@ -35,6 +35,18 @@ pub trait IntakeScene: Send {
     /// holds for it.
     fn release(self: Box<Self>, ok: bool);
 
+    /// Whether the scene's lines can be read again from where they are (a spooled cube, a
+    /// recorded stream) without its sender; a stream's lines are recorded as they are read.
+    fn durable_input(&self) -> bool {
+        false
+    }
+
+    /// For a scene of durable input: starts its source again from its first line (a run paused
+    /// for space goes on); false when it cannot.
+    fn reopen(&mut self) -> bool {
+        false
+    }
+
     /// The scene was refused before its run for `reason`; nothing was written for it.
     fn refused(self: Box<Self>, reason: &str) {
         let _ = reason;

@@ -18,6 +18,7 @@ use tokio::sync::{Semaphore, mpsc};
 use super::config::{self, Config};
 use super::control::{self, Command};
 use super::intake::Routes;
+use super::journal;
 use super::listen::{self, Listener};
 use super::notify::{self, Notifier};
 use super::outbox;
@@ -105,7 +106,8 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         source: std::io::Error::other(error_chain(&e)),
     })?;
     let queue = delivery.as_ref().map(|d| d.queue.clone());
-    let completed = |f: &Path| queue.as_ref().is_some_and(|q| q.holds_scene(f));
+    // A scene with a journal to resume from stays in place, like one that had completed.
+    let completed = |f: &Path| queue.as_ref().is_some_and(|q| q.holds_scene(f)) || journal::resumable(&config.state, f);
     for i in outbox::recover(&config.outbox, &config.state, &completed)? {
         // What the interrupted scene committed and queued is delivered from where it went.
         if let (Some(q), Some(to)) = (&queue, &i.moved_to)
@@ -120,6 +122,9 @@ async fn run(config: Config) -> Result<(), DaemonError> {
                 i.folder.display(),
                 match &i.moved_to {
                     Some(p) => format!("moved to {}", p.display()),
+                    None if journal::resumable(&config.state, &i.folder) => {
+                        "kept: its journal resumes it after its last committed segment when it comes again".into()
+                    }
                     None if i.completed => "it had completed and is queued for delivery".into(),
                     None => "its folder was gone".into(),
                 }
@@ -127,6 +132,8 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             serde_json::json!({"folder": i.folder, "moved_to": i.moved_to, "completed": i.completed}),
         );
     }
+    // Journals of scenes moved aside, complete, or with nothing committed resume nothing.
+    journal::prune(&config.state)?;
     let mut listeners = Vec::new();
     if let Some(addr) = config.tcp {
         listeners.push(listen::bind_tcp(addr)?);
@@ -184,6 +191,8 @@ async fn run(config: Config) -> Result<(), DaemonError> {
         Some(root) => Some(SpoolIntake::start(root, shared.clone())?),
         None => None,
     };
+    // Streams a killed daemon had read to their end are finished from their recorded input.
+    super::replay::submit_recorded(&lock(&daemon).config.state, shared.clone());
     let permits = Arc::new(Semaphore::new(lock(&daemon).config.intake.max_connections));
     let mut tasks = Vec::new();
     for l in listeners {

@@ -26,6 +26,27 @@ impl IntakeScene for SpoolScene {
         &mut self.source
     }
 
+    fn durable_input(&self) -> bool {
+        true
+    }
+
+    fn reopen(&mut self) -> bool {
+        match self.claimed.open_source() {
+            Ok(s) => {
+                self.source = s;
+                true
+            }
+            Err(e) => {
+                log::event(
+                    "warning",
+                    &format!("scene `{}`: reading it again: {}", self.claimed.id(), error_chain(&e)),
+                    serde_json::json!({"scene": self.claimed.id()}),
+                );
+                false
+            }
+        }
+    }
+
     fn refused(self: Box<Self>, reason: &str) {
         let id = self.claimed.id().to_string();
         if let Err(e) = self.claimed.failed(reason) {

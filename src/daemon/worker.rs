@@ -16,13 +16,17 @@ use crossbeam_channel::{Receiver, bounded};
 use super::DaemonError;
 use super::config::ModelConfig;
 use super::intake::{Job, ModelRoute};
+use super::journal::{self, Journal};
 use super::log;
+use super::nospace;
 use super::outbox::{self, InFlight};
+use super::pause::wait_for_intake;
+use super::replay::{self, Recorded};
 use super::status::{SceneEntry, Status};
 use crate::delivery::Queue;
 use crate::delivery::enqueue::{Labels, enqueue};
 use crate::engine::error_chain;
-use crate::job::{ModelSession, SessionBatch, anon_bytes, with_peak_anon};
+use crate::job::{ModelSession, Resume, SessionBatch, anon_bytes, with_peak_anon};
 use crate::map::SegmentOptions;
 use crate::pipeline::Mode;
 use crate::source::{LineSource, LineStatus, SceneInfo, SourceError, SourceStats};
@@ -231,18 +235,62 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
         queued,
     } = job;
     let origin = info.origin.display().to_string();
-    let folder = match outbox::claim(&ctx.outbox, &info.id) {
-        Ok(f) => f,
-        Err(e) => {
-            fail_before_start(ctx, &info, model, &origin, &e);
-            scene.release(false);
-            return Ok(());
+    let key = journal::SceneKey::of(&info, model, segment_lines);
+    // A scene an earlier process left mid-way goes on in its folder after its last journalled
+    // segment; any other gets a folder and a journal of its own.
+    let (folder, journal, resume) = match journal::find(&ctx.state, &ctx.outbox, &key) {
+        Some((j, folder, resume)) => {
+            log::event(
+                "resumed",
+                &format!(
+                    "scene `{}` from {origin}: resumed in {} from line {} after {} committed segment(s)",
+                    info.id,
+                    folder.display(),
+                    resume.line(),
+                    resume.segments.len()
+                ),
+                serde_json::json!({
+                    "scene_id": info.id,
+                    "folder": folder,
+                    "model": model,
+                    "resumed_from_row": resume.line(),
+                    "segments_before": resume.segments.len(),
+                }),
+            );
+            (folder, j, resume)
+        }
+        None => {
+            let folder = match outbox::claim(&ctx.outbox, &info.id) {
+                Ok(f) => f,
+                Err(e) => {
+                    fail_before_start(ctx, &info, model, &origin, &e);
+                    scene.release(false);
+                    return Ok(());
+                }
+            };
+            match Journal::create(&ctx.state, &key, &folder) {
+                Ok(j) => (folder, j, Resume::default()),
+                Err(e) => {
+                    let _ = std::fs::remove_dir(&folder);
+                    fail_before_start(ctx, &info, model, &origin, &e);
+                    scene.release(false);
+                    return Ok(());
+                }
+            }
         }
     };
+    let journal = std::sync::Mutex::new(journal);
     let marker = match InFlight::start(&ctx.state, &folder, &info.id, model) {
         Ok(m) => m,
         Err(e) => {
-            let _ = std::fs::remove_dir(&folder);
+            // Kept for a later resume when the scene had committed segments already.
+            if resume.segments.is_empty() {
+                let _ = std::fs::remove_dir(&folder);
+                let _ = journal
+                    .into_inner()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .finish();
+            }
             fail_before_start(ctx, &info, model, &origin, &e);
             scene.release(false);
             return Ok(());
@@ -270,10 +318,6 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
     let labels = Labels::of(session.manifest());
     let (result, rss_peak) = with_peak_anon(root, || {
         std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let mut counted = Counted {
-                inner: scene.source(),
-                lines: &entry.lines,
-            };
             let run_info = crate::telemetry::RunInfo {
                 batch: run.batch as u64,
                 batch_reason: if session.is_auto_batch() {
@@ -285,6 +329,8 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 provider: session.runtime().provider().ort_name().into(),
                 provider_fallbacks: session.runtime().fallbacks().iter().map(ToString::to_string).collect(),
             };
+            // The segments committed so far, where a run paused for space goes on from.
+            let journalled = std::sync::Mutex::new(resume.segments.clone());
             // Each segment is queued for delivery as soon as it is committed.
             let mut queue_segment = |rec: &crate::map::SegmentRecord, last: bool| {
                 // A segment that fills up is committed before the scene's end is seen; a scene of
@@ -293,20 +339,103 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 if let Some(q) = &ctx.delivery {
                     enqueue(q, &labels, model, &info, &folder, rec, last);
                 }
+                // Journalled once queued: a resume never skips a segment that was not queued.
+                if let Err(e) = replay::lock(&journal).segment(rec, last) {
+                    log::event(
+                        "warning",
+                        &format!(
+                            "scene `{}`: {} (a resume would start before this segment)",
+                            info.id,
+                            error_chain(&e)
+                        ),
+                        serde_json::json!({"scene_id": info.id}),
+                    );
+                }
+                journalled
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(rec.clone());
             };
-            let outcome = super::metrics::observe(ctx.metrics.as_ref(), run_info, |record| {
-                session.run_stream_with(
-                    &mut counted,
-                    &folder,
-                    segments,
-                    &mut |px| {
-                        entry.pixels.store(px.pixels_done as u64, Ordering::Relaxed);
-                        entry.batch.store(px.batch as u64, Ordering::Relaxed);
-                        record(px);
-                    },
-                    &mut queue_segment,
-                )
-            })
+            let durable = scene.durable_input();
+            let mut resume = resume.clone();
+            // Lines of a stream recorded before a pause for space: read back from the recording.
+            let mut recorded_before: Option<usize> = None;
+            let outcome = loop {
+                let (result, recorded_lines) = {
+                    // A stream's lines are recorded as they are read, so that a scene read to its
+                    // end survives a kill without its sensor.
+                    let mut recorded = None;
+                    let mut rewound = None;
+                    let inner: &mut dyn LineSource = match (durable, recorded_before) {
+                        (true, _) => scene.source(),
+                        (false, None) => recorded.insert(Recorded::new(scene.source(), &journal)),
+                        (false, Some(n)) => {
+                            let (path, rest): (_, &mut dyn LineSource) =
+                                match Recorded::resume(scene.source(), &journal, n) {
+                                    Ok((path, rec)) => (path, recorded.insert(rec)),
+                                    Err((path, source)) => (path, source),
+                                };
+                            let again = nospace::Rewound::new(&path, n, rest).map_err(|e| error_chain(&e))?;
+                            rewound.insert(again)
+                        }
+                    };
+                    let mut counted = Counted {
+                        inner,
+                        lines: &entry.lines,
+                    };
+                    let result = super::metrics::observe(ctx.metrics.as_ref(), run_info.clone(), |record| {
+                        session.run_stream_resumed(
+                            &mut counted,
+                            &folder,
+                            segments,
+                            &resume,
+                            &mut |px| {
+                                entry.pixels.store(px.pixels_done as u64, Ordering::Relaxed);
+                                entry.batch.store(px.batch as u64, Ordering::Relaxed);
+                                record(px);
+                            },
+                            &mut queue_segment,
+                        )
+                    });
+                    drop(rewound);
+                    let lines = recorded
+                        .as_ref()
+                        .map_or(recorded_before.unwrap_or(0), Recorded::recorded);
+                    (result, lines)
+                };
+                match result {
+                    Err(e) if nospace::storage_full(&e) => {
+                        let needed = nospace::segment_bytes(
+                            if segment_lines > 0 {
+                                segment_lines
+                            } else {
+                                info.lines.unwrap_or(run.tile)
+                            },
+                            info.samples,
+                            session.manifest().classes(),
+                            run.keep_scores,
+                        );
+                        let give_up = || ctx.draining.load(Ordering::Acquire);
+                        if !nospace::wait_for_space(&ctx.status, model, &info.id, &ctx.outbox, needed, &give_up) {
+                            break Err(e);
+                        }
+                        session.reset_buffers();
+                        if durable && !scene.reopen() {
+                            break Err(e);
+                        }
+                        if !durable {
+                            recorded_before = Some(recorded_lines);
+                        }
+                        resume = Resume {
+                            segments: journalled
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .clone(),
+                        };
+                    }
+                    other => break other,
+                }
+            }
             .map_err(|e| error_chain(&e))?;
             scene.complete().map_err(|e| error_chain(&e))?;
             Ok::<_, String>(outcome)
@@ -322,7 +451,7 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
     });
     let (ok, panicked) = match result {
         Ok(Ok(outcome)) => {
-            let lines = outcome.run.lines as u64;
+            let lines = (outcome.lines_skipped + outcome.run.lines) as u64;
             ctx.status.count(|t| {
                 t.scenes_done += 1;
                 t.lines += lines;
@@ -352,12 +481,16 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                     "missing_lines": outcome.source.missing_lines(),
                     "duplicates": outcome.source.duplicates,
                     "segments": outcome.segments.len(),
+                    "resumed_from_row": outcome.resumed_from_line,
+                    "lines_computed": outcome.run.lines,
                     "memory": memory,
                 }),
             );
             (true, false)
         }
         Ok(Err(error)) => {
+            // The failed run's batches in flight were never given back.
+            session.reset_buffers();
             fail_after_start(ctx, &info, model, &origin, &folder, &error, &memory);
             (false, false)
         }
@@ -379,6 +512,14 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
             (false, true)
         }
     };
+    // The scene is over, written or moved aside: nothing is left to resume.
+    if let Err(e) = journal
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .finish()
+    {
+        log::event("warning", &error_chain(&e), serde_json::Value::Null);
+    }
     if let Err(e) = marker.finish() {
         log::event("warning", &error_chain(&e), serde_json::Value::Null);
     }
@@ -440,89 +581,5 @@ fn fail_after_start(
             "error": error,
             "memory": memory,
         }),
-    );
-}
-
-/// Why this worker must not take a scene now: the delivery queue at its bound, or the outbox's
-/// file system short of `delivery.outbox_min_free_mib`.
-fn pause_reason(ctx: &WorkerContext) -> Option<(&'static str, String)> {
-    if ctx.draining.load(Ordering::Acquire) {
-        return None;
-    }
-    if let Some(q) = &ctx.delivery
-        && q.full()
-    {
-        let s = q.status();
-        return Some((
-            "delivery_full",
-            format!(
-                "delivery queue full ({} of {} segments not yet acknowledged by every sink)",
-                s.queued, s.max
-            ),
-        ));
-    }
-    if ctx.outbox_min_free > 0 {
-        let mib = |b: u64| b as f64 / f64::from(1 << 20);
-        match crate::ffi::available_bytes(&ctx.outbox) {
-            Ok(free) if free < ctx.outbox_min_free => {
-                return Some((
-                    "outbox_full",
-                    format!(
-                        "the outbox {} has {:.1} MiB free, under delivery.outbox_min_free_mib ({:.0} MiB)",
-                        ctx.outbox.display(),
-                        mib(free),
-                        mib(ctx.outbox_min_free)
-                    ),
-                ));
-            }
-            Ok(_) => {}
-            Err(e) => {
-                return Some((
-                    "outbox_full",
-                    format!(
-                        "the outbox {}: its free space cannot be read: {e}",
-                        ctx.outbox.display()
-                    ),
-                ));
-            }
-        }
-    }
-    None
-}
-
-/// Waits while [`pause_reason`] gives a reason: this worker takes no scene, so its model's
-/// intake queue fills and the sensors see backpressure (a spool's cubes stay in its inbox).
-/// The pause is logged when it begins and ends, and `status` shows it meanwhile.
-fn wait_for_intake(ctx: &WorkerContext, model: &str) {
-    let Some((event, why)) = pause_reason(ctx) else {
-        return;
-    };
-    log::event(
-        event,
-        &format!("{why}: model `{model}` takes no new scene until it clears"),
-        serde_json::json!({"model": model, "delivery": ctx.delivery.as_ref().map(|q| q.status())}),
-    );
-    ctx.status.set_paused(model, Some(why));
-    let t0 = Instant::now();
-    loop {
-        let tick = std::time::Duration::from_millis(250);
-        match &ctx.delivery {
-            // Woken as soon as a sink acknowledges.
-            Some(q) if q.full() => {
-                q.wait_for_room(tick);
-            }
-            _ => std::thread::sleep(tick),
-        }
-        match pause_reason(ctx) {
-            None => break,
-            Some((_, why)) => ctx.status.set_paused(model, Some(why)),
-        }
-    }
-    ctx.status.set_paused(model, None);
-    let paused_s = t0.elapsed().as_secs_f64();
-    log::event(
-        "intake_resumed",
-        &format!("model `{model}` takes scenes again after a pause of {paused_s:.1} s"),
-        serde_json::json!({"model": model, "paused_s": paused_s}),
     );
 }

@@ -24,8 +24,9 @@ impl Labels {
     }
 }
 
-/// Queues one committed segment for delivery. It is on disk already, so a queue that cannot be
-/// written (state disk full) is retried until it can: the scene, and with it intake, waits.
+/// Queues one committed segment for delivery, waiting for room under `delivery.queue_max`. It is
+/// on disk already, so a queue that cannot be written (state disk full) is retried until it can:
+/// the scene, and with it intake, waits.
 pub fn enqueue(
     q: &Queue,
     labels: &Labels,
@@ -55,9 +56,26 @@ pub fn enqueue(
         digest: crate::delivery::message::digest(&s.folder).unwrap_or(0),
     }];
     let mut failures = 0u64;
+    let mut waited = 0u64;
     loop {
-        match q.push(entries.clone()) {
-            Ok(pushed) => {
+        match q.push_within_bound(entries.clone(), std::time::Duration::from_secs(1)) {
+            Ok(None) => {
+                // No room: the scene (and with it its source) waits, so the queue never holds
+                // more than `delivery.queue_max`.
+                if waited.is_multiple_of(60) {
+                    let st = q.status();
+                    log::event(
+                        "delivery_full",
+                        &format!(
+                            "scene `{}` segment {}: committed, waiting for room in the delivery queue                              ({} of {} segments not yet acknowledged by every sink)",
+                            info.id, s.index, st.queued, st.max
+                        ),
+                        serde_json::json!({"scene_id": info.id, "segment": s.index, "delivery": st}),
+                    );
+                }
+                waited += 1;
+            }
+            Ok(Some(pushed)) => {
                 let seqs: Vec<u64> = pushed.iter().map(|p| p.seq).collect();
                 let again: Vec<u64> = pushed.iter().filter(|p| !p.new).map(|p| p.seq).collect();
                 if failures > 0 {

@@ -705,5 +705,6 @@ mod session;
 pub use auto::*;
 pub use plan::*;
 pub use session::{
-    ModelSession, STREAM_PRODUCER_NICE, SceneBatch, SceneOutcome, SessionBatch, SessionSpec, StreamPlan,
+    ModelSession, Resume, STREAM_PRODUCER_NICE, SceneBatch, SceneOutcome, SessionBatch, SessionSpec, StreamPlan,
+    resume_start,
 };

@@ -117,6 +117,70 @@ pub struct SceneOutcome {
     pub segments: Vec<SegmentRecord>,
     /// How the batch was chosen, for an auto-batch session.
     pub batch: Option<SceneBatch>,
+    /// The scene line this run started from: 0, or the first line after the segments an earlier
+    /// run had committed ([`Resume`]).
+    pub resumed_from_line: usize,
+    /// Lines the source handed over before the first line run again for a resumed scene (read
+    /// and dropped).
+    pub lines_skipped: usize,
+}
+
+/// Where a scene an earlier run left is taken up again: after the segments it committed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Resume {
+    /// The segments committed before, in order, each folder still holding its set.
+    pub segments: Vec<SegmentRecord>,
+}
+
+impl Resume {
+    /// The first scene line not committed.
+    pub fn line(&self) -> usize {
+        self.segments.last().map_or(0, |s| s.first_line + s.lines)
+    }
+}
+
+/// Where a resumed run starts reading, and how many output lines it drops, to go on at scene
+/// line `line` with tile rows of `tile_h` lines and a halo of `halo` lines: the tile row holding
+/// `line` needs the `halo` lines above it, so the run starts whole tile rows earlier (at a
+/// multiple of `tile_h`, so its rows are the first run's) and drops their output. Returns
+/// `(first line read, output lines dropped)`.
+pub fn resume_start(line: usize, tile_h: usize, halo: usize) -> (usize, usize) {
+    let tile_h = tile_h.max(1);
+    let row = line / tile_h * tile_h;
+    let start = row.saturating_sub(halo.div_ceil(tile_h) * tile_h);
+    (start, line - start)
+}
+
+/// A scene's source read from line `start` on, with the first run's tile rows.
+struct Resumed<'a> {
+    inner: &'a mut dyn LineSource,
+    info: crate::source::SceneInfo,
+    skip: usize,
+    tile_h: usize,
+}
+
+impl LineSource for Resumed<'_> {
+    fn info(&self) -> &crate::source::SceneInfo {
+        &self.info
+    }
+
+    fn next_line(&mut self, line: &mut [u8]) -> Result<Option<crate::source::LineStatus>, crate::source::SourceError> {
+        while self.skip > 0 {
+            if self.inner.next_line(line)?.is_none() {
+                return Ok(None);
+            }
+            self.skip -= 1;
+        }
+        self.inner.next_line(line)
+    }
+
+    fn stats(&self) -> SourceStats {
+        self.inner.stats()
+    }
+
+    fn tile_rows(&self) -> Option<usize> {
+        Some(self.tile_h)
+    }
 }
 
 impl ModelSession {
@@ -254,6 +318,12 @@ impl ModelSession {
         })
     }
 
+    /// Starts the batch buffers afresh, after a run that failed mid-way: the batches it had in
+    /// flight were dropped, not given back, and would count against the next run's bound.
+    pub fn reset_buffers(&mut self) {
+        self.buffers = BufferPool::new(1);
+    }
+
     /// The model.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest
@@ -326,6 +396,23 @@ impl ModelSession {
         progress: &mut dyn FnMut(&pipeline::BatchDone),
         on_segment: &mut dyn FnMut(&SegmentRecord, bool),
     ) -> Result<SceneOutcome, JobError> {
+        self.run_stream_resumed(source, root, segments, &Resume::default(), progress, on_segment)
+    }
+
+    /// [`ModelSession::run_stream_with`] going on with a scene an earlier run left in `root`
+    /// after committing `resume.segments`: `source` hands the scene from its first line again;
+    /// the lines above the halo of the first row to run are read and dropped, that row's tile
+    /// rows are run again only for their halo, and segments are committed from
+    /// `resume.segments.len()` on, exactly as an uninterrupted run commits them.
+    pub fn run_stream_resumed(
+        &mut self,
+        source: &mut dyn LineSource,
+        root: &Path,
+        segments: SegmentOptions,
+        resume: &Resume,
+        progress: &mut dyn FnMut(&pipeline::BatchDone),
+        on_segment: &mut dyn FnMut(&SegmentRecord, bool),
+    ) -> Result<SceneOutcome, JobError> {
         let info = source.info().clone();
         info.validate().map_err(PipelineError::Source)?;
         pipeline::check_bands(info.bands, &info.origin, &self.manifest, &self.run)?;
@@ -349,7 +436,26 @@ impl ModelSession {
             keep_scores: segments.keep_scores || run.keep_scores,
             ..segments
         };
-        let mut sink = SegmentWriter::new(root, &self.manifest, &info.header, &info.id, segments);
+        let line = resume.line();
+        // The first run's tile rows: balanced over an announced length, whole rows otherwise.
+        let tile_h = match info.lines {
+            Some(lines) => crate::tile::TileGrid::new(lines, info.samples, run.tile, self.manifest.halo).tile_h,
+            None => run.tile.max(1),
+        };
+        let (start, skip) = resume_start(line, tile_h, self.manifest.halo);
+        let mut sink = if resume.segments.is_empty() {
+            SegmentWriter::new(root, &self.manifest, &info.header, &info.id, segments)
+        } else {
+            SegmentWriter::resume(
+                root,
+                &self.manifest,
+                &info.header,
+                &info.id,
+                segments,
+                resume.segments.clone(),
+                skip,
+            )
+        };
         sink.on_commit(Box::new(|r, last| on_segment(r, last)));
         let extra = |source: &SourceStats| {
             serde_json::json!({
@@ -365,7 +471,20 @@ impl ModelSession {
         sink.set_extra(extra(&SourceStats::default()));
         let inv_std: Vec<f32> = self.manifest.input.std.iter().map(|s| 1.0 / s).collect();
         let result = {
-            let mut ring = LineRing::new(source, &self.manifest.input.mean, &inv_std);
+            let mut resumed = (line > 0).then(|| Resumed {
+                info: crate::source::SceneInfo {
+                    lines: info.lines.map(|l| l.saturating_sub(start)),
+                    ..info.clone()
+                },
+                inner: &mut *source,
+                skip: start,
+                tile_h,
+            });
+            let input: &mut dyn LineSource = match resumed.as_mut() {
+                Some(r) => r,
+                None => &mut *source,
+            };
+            let mut ring = LineRing::new(input, &self.manifest.input.mean, &inv_std);
             let adapt = governor.as_mut().map(|g| g as &mut dyn pipeline::Adapt);
             pipeline::run_with(
                 Input::Lines(&mut ring),
@@ -392,6 +511,8 @@ impl ModelSession {
             source: stats,
             segments,
             batch,
+            resumed_from_line: line,
+            lines_skipped: if line > 0 { start } else { 0 },
         })
     }
 }
@@ -419,4 +540,24 @@ fn write_strip(dir: &Path, manifest: &Manifest, lines: usize, samples: usize) ->
     let path = dir.join("strip.hdr");
     std::fs::write(&path, header.to_text()).map_err(io(path.clone()))?;
     Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resume_start;
+
+    #[test]
+    fn a_resume_starts_whole_tile_rows_early_enough_to_read_the_halo_of_its_row() {
+        // Line 60 in rows of 25 lies in row 50..75, whose halo of 1 needs line 49: start at 25.
+        assert_eq!(resume_start(60, 25, 1), (25, 35));
+        // In the first row or the one after it, with a halo: from the scene's top.
+        assert_eq!(resume_start(16, 32, 1), (0, 16));
+        assert_eq!(resume_start(48, 32, 1), (0, 48));
+        assert_eq!(resume_start(64, 32, 1), (32, 32));
+        // A halo deeper than a row takes as many rows as it needs.
+        assert_eq!(resume_start(100, 10, 15), (80, 20));
+        // No halo: the row itself.
+        assert_eq!(resume_start(64, 32, 0), (64, 0));
+        assert_eq!(resume_start(70, 32, 0), (64, 6));
+    }
 }

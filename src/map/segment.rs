@@ -18,7 +18,7 @@ pub struct SegmentOptions {
 }
 
 /// One committed segment.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SegmentRecord {
     /// Segment number, from 0.
     pub index: usize,
@@ -69,6 +69,8 @@ pub struct SegmentWriter<'m> {
     extra: serde_json::Value,
     /// Told of each segment once it is committed, and whether it is the scene's last.
     on_commit: Option<OnCommit<'m>>,
+    /// Output lines still to drop before the first kept one (a resumed scene's halo rows).
+    skip: usize,
 }
 
 struct Segment {
@@ -108,6 +110,29 @@ impl<'m> SegmentWriter<'m> {
             next_line: 0,
             extra: serde_json::Value::Object(Default::default()),
             on_commit: None,
+            skip: 0,
+        }
+    }
+
+    /// A writer that goes on with a scene an earlier run left after committing `done` (in order,
+    /// each folder still holding its set): the next segment is `done.len()`, starting at the line
+    /// after the last of `done`, and the first `skip` output lines handed over are dropped (the
+    /// tile rows re-run only to read the halo above that line).
+    pub fn resume(
+        root: &Path,
+        manifest: &'m Manifest,
+        scene: &Header,
+        scene_id: &str,
+        opts: SegmentOptions,
+        done: Vec<SegmentRecord>,
+        skip: usize,
+    ) -> Self {
+        let next_line = done.last().map_or(0, |d| d.first_line + d.lines);
+        Self {
+            done,
+            next_line,
+            skip,
+            ..Self::new(root, manifest, scene, scene_id, opts)
         }
     }
 
@@ -287,8 +312,14 @@ impl<'m> SegmentWriter<'m> {
 
 impl RowSink for SegmentWriter<'_> {
     fn put_strip(&mut self, _y0: usize, strip: Maps) -> Result<(), PipelineError> {
-        let mut from = 0;
+        let mut from = self.skip.min(strip.lines);
+        self.skip -= from;
         while from < strip.lines {
+            // A full segment is committed once a line after it arrives: only then is it known
+            // not to be the scene's last (a scene of unannounced length may end right there).
+            if self.opts.segment_lines > 0 && self.open.as_ref().is_some_and(|s| s.lines == self.opts.segment_lines) {
+                self.close(false).map_err(|e| PipelineError::Sink(Box::new(e)))?;
+            }
             let room = match self.opts.segment_lines {
                 0 => usize::MAX,
                 n => n - self.open.as_ref().map_or(0, |s| s.lines),
@@ -297,9 +328,6 @@ impl RowSink for SegmentWriter<'_> {
             self.append(&strip, from, n)
                 .map_err(|e| PipelineError::Sink(Box::new(e)))?;
             from += n;
-            if self.opts.segment_lines > 0 && self.open.as_ref().is_some_and(|s| s.lines == self.opts.segment_lines) {
-                self.close(false).map_err(|e| PipelineError::Sink(Box::new(e)))?;
-            }
         }
         Ok(())
     }

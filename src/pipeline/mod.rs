@@ -384,9 +384,13 @@ pub fn input_grid(input: &Input<'_, '_>, manifest: &Manifest, opts: &RunOptions)
         Input::Mapped(cube) => grid_for(cube, manifest, opts),
         Input::Lines(ring) => {
             let info = ring.source().info();
-            match info.lines {
+            let grid = match info.lines {
                 Some(lines) => TileGrid::new(lines, info.samples, opts.tile, manifest.halo),
                 None => TileGrid::streaming(info.samples, opts.tile, manifest.halo),
+            };
+            match ring.source().tile_rows() {
+                Some(h) => grid.with_tile_h(h),
+                None => grid,
             }
         }
     }

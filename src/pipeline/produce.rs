@@ -68,6 +68,8 @@ pub fn produce_with(
                 Some(lines) => TileGrid::new(lines, info.samples, opts.tile, manifest.halo),
                 None => TileGrid::streaming(info.samples, opts.tile, manifest.halo),
             };
+            // A resumed scene keeps its first run's tile rows.
+            let grid = ring.source().tile_rows().map_or(grid, |h| grid.with_tile_h(h));
             (grid, ring.bands())
         }
     };

@@ -182,6 +182,12 @@ pub trait LineSource: Send {
 
     /// What the source saw so far.
     fn stats(&self) -> SourceStats;
+
+    /// Tile rows of exactly this many lines from the source's first line, when the scene must
+    /// keep the rows of an earlier run (a scene resumed mid-way); `None`: the pipeline's choice.
+    fn tile_rows(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// Checks that `id` can name a folder of its own: 1 to [`MAX_SCENE_ID`] characters of ASCII

@@ -255,3 +255,45 @@ pub fn file<'a>(seg: &'a Segment, name: &str) -> &'a [u8] {
         .unwrap_or_else(|| panic!("no {name} in segment {}", seg.sequence))
         .data
 }
+
+/// A tmpfs mounted for the test, unmounted on drop.
+pub struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    /// Mounts a tmpfs of `size` at `at`; `None` (skipped, with the reason) when that is not
+    /// possible here: not root, or no mount permission. In CI (root) it must work.
+    pub fn mount(at: &std::path::Path, size: &str) -> Option<Self> {
+        std::fs::create_dir_all(at).unwrap();
+        let root = std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => Some(Self(at.to_path_buf())),
+            other => {
+                let why = match other {
+                    Ok(o) => String::from_utf8_lossy(&o.stderr).trim().to_string(),
+                    Err(e) => e.to_string(),
+                };
+                assert!(
+                    std::env::var("CI").is_err() || !root,
+                    "CI runs as root and must be able to mount a tmpfs: {why}"
+                );
+                skip(format!(
+                    "cannot mount a small tmpfs for the outbox (root: {root}): {why}"
+                ));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}

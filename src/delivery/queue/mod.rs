@@ -353,6 +353,36 @@ impl Queue {
     /// ([`Queue::wait_for_room`]).
     pub fn push(&self, entries: Vec<Entry>) -> Result<Vec<Pushed>, DeliveryError> {
         let mut inner = self.lock();
+        self.push_locked(&mut inner, entries)
+    }
+
+    /// [`Queue::push`] within `queue_max`: waits up to `timeout` until the entries not queued
+    /// before fit under the bound (or an empty queue takes them, or a drain lifted it), checked
+    /// and taken under one lock so that pushers never pass it together. `None`: no room came.
+    pub fn push_within_bound(
+        &self,
+        entries: Vec<Entry>,
+        timeout: Duration,
+    ) -> Result<Option<Vec<Pushed>>, DeliveryError> {
+        let deadline = Instant::now() + timeout;
+        let mut inner = self.lock();
+        loop {
+            let new = entries.iter().filter(|e| inner.known(&key_of(e)).is_none()).count();
+            if inner.unbounded || new == 0 || inner.entries.is_empty() || inner.entries.len() + new <= self.max {
+                return self.push_locked(&mut inner, entries).map(Some);
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return Ok(None);
+            };
+            inner = self
+                .changed
+                .wait_timeout(inner, left)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    fn push_locked(&self, inner: &mut Inner, entries: Vec<Entry>) -> Result<Vec<Pushed>, DeliveryError> {
         let mut pushed = Vec::with_capacity(entries.len());
         let mut records = Vec::with_capacity(entries.len());
         let mut next = inner.next;
@@ -376,7 +406,7 @@ impl Queue {
         if records.is_empty() {
             return Ok(pushed);
         }
-        self.append(&mut inner, &records)?;
+        self.append(inner, &records)?;
         inner.next = next;
         for r in records {
             if let Record::Entry(e) = r {

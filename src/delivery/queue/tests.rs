@@ -152,3 +152,35 @@ fn a_full_queue_makes_intake_wait_until_a_sink_acks_or_a_drain_lifts_the_bound()
     .unwrap();
     assert!(q.holds_scene(Path::new("/o/a")) && !q.holds_scene(Path::new("/o/b")));
 }
+
+#[test]
+fn pushing_within_the_bound_waits_for_room_so_the_queue_never_holds_more_than_its_max() {
+    let t = tempfile::tempdir().unwrap();
+    let q = std::sync::Arc::new(Queue::open(t.path(), sinks(), 2).unwrap());
+    let within = |q: &Queue, e: Entry, ms| q.push_within_bound(vec![e], Duration::from_millis(ms)).unwrap();
+    assert!(within(&q, entry("a", 0), 0).is_some());
+    assert!(within(&q, entry("a", 1), 0).is_some());
+    // Full: a new segment gets no room, and the queue stays at its bound.
+    assert!(within(&q, entry("a", 2), 50).is_none());
+    assert_eq!(q.len(), 2);
+    // A segment queued before takes no room: it keeps its sequence number.
+    let again = within(&q, entry("a", 1), 0).unwrap();
+    assert_eq!((again[0].seq, again[0].new), (1, false));
+    // A pusher waiting is woken by the ack that makes room, and only then pushes.
+    let waiting = {
+        let q = q.clone();
+        std::thread::spawn(move || q.push_within_bound(vec![entry("a", 2)], Duration::from_secs(30)))
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(q.len(), 2);
+    q.ack(0, "socket").unwrap();
+    assert_eq!(q.len(), 2, "one sink's ack leaves the entry queued");
+    q.ack(0, "mqtt").unwrap();
+    let pushed = waiting.join().unwrap().unwrap().unwrap();
+    assert_eq!(pushed[0].seq, 2);
+    assert_eq!(q.len(), 2);
+    // A drain lifts the bound: accepted scenes finish.
+    q.lift_bound();
+    assert!(within(&q, entry("a", 3), 0).is_some());
+    assert_eq!(q.len(), 3);
+}
