@@ -49,6 +49,11 @@ impl Graph {
         &self.output
     }
 
+    /// The ONNX Runtime session, for binding device buffers to it (`gpu::resident`).
+    pub(crate) fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
+    }
+
     /// The provider the session runs on.
     pub fn provider(&self) -> Provider {
         self.provider

@@ -17,6 +17,7 @@ use serde::Serialize;
 pub mod check;
 pub mod kernels;
 pub mod reference;
+pub mod resident;
 
 /// Errors of the GPU path; each names the call or kernel that failed.
 #[derive(Debug, thiserror::Error)]

@@ -89,6 +89,9 @@ pub enum JobError {
     /// A label map of the wrong kind.
     #[error(transparent)]
     LabelsKind(#[from] LabelsError),
+    /// The device-resident path (`--io device`).
+    #[error(transparent)]
+    Resident(#[from] crate::gpu::resident::ResidentError),
 }
 
 /// A label map that cannot be scored against this job's maps.
@@ -286,6 +289,12 @@ pub struct Job {
     out: OutputDir,
     /// Unlinking the files the last write replaced.
     unlinking: Option<std::thread::JoinHandle<()>>,
+    /// The device-resident path's buffers, when batches take it (`--io`).
+    resident: Option<crate::gpu::resident::Resident>,
+    /// Why a CUDA job under `--io auto` runs on the host path.
+    io_fallback: Option<String>,
+    /// What the last device-resident run moved.
+    device_io: Option<crate::gpu::resident::DeviceIo>,
 }
 
 impl Drop for Job {
@@ -379,6 +388,7 @@ impl Job {
             // The governor's re-cut batches and the partial last batch run padded to a bucket.
             graph.use_buckets(crate::engine::Buckets::up_to(run.batch));
         }
+        let (resident, io_fallback) = device::choose(&cube, &manifest, &mut graph, &run, &runtime)?;
         Ok(Self {
             spec,
             cube,
@@ -395,6 +405,9 @@ impl Job {
             staged: None,
             out,
             unlinking: None,
+            resident,
+            io_fallback,
+            device_io: None,
         })
     }
 
@@ -432,15 +445,23 @@ impl Job {
                 staged.reserve("summary.json")?;
                 Ok(staged)
             });
-            let result = pipeline::run(
-                &self.cube,
-                &self.manifest,
-                &mut self.graph,
-                &self.run,
-                &self.buffers,
-                &mut sampling,
-                adapt,
-            );
+            let result = match &mut self.resident {
+                Some(r) => r
+                    .run(&self.cube, &mut self.graph, &mut sampling)
+                    .map(|(maps, stats, io)| (maps, stats, Some(io)))
+                    .map_err(JobError::from),
+                None => pipeline::run(
+                    &self.cube,
+                    &self.manifest,
+                    &mut self.graph,
+                    &self.run,
+                    &self.buffers,
+                    &mut sampling,
+                    adapt,
+                )
+                .map(|(maps, stats)| (maps, stats, None))
+                .map_err(JobError::from),
+            };
             let staged = headers.join().unwrap_or_else(|_| {
                 Err(MapError::Io {
                     path: out.path().to_path_buf(),
@@ -452,9 +473,20 @@ impl Job {
         // The run's buffers and the session's arena are still held, so the end is sampled too.
         self.peak_anon_bytes = peak.max(anon_bytes(&root)).max(hwm_anon_bound(&root).unwrap_or(0));
         self.adjustments = governor.map(|g| g.changes).unwrap_or_default();
-        let result = result?;
+        let (maps, stats, io) = result?;
+        self.device_io = io;
         self.staged = Some(staged?);
-        Ok(result)
+        Ok((maps, stats))
+    }
+
+    /// Whether batches take the device-resident path (`--io`).
+    pub fn device_resident(&self) -> bool {
+        self.resident.is_some()
+    }
+
+    /// What the last device-resident run moved (`None` on the host path).
+    pub fn device_io(&self) -> Option<crate::gpu::resident::DeviceIo> {
+        self.device_io
     }
 
     /// The shape of the maps a run of this job makes.
@@ -516,6 +548,9 @@ impl Job {
             accuracy,
             batch_plan: self.plan.clone(),
             batch_changes: self.adjustments.clone(),
+            io: if self.resident.is_some() { "device" } else { "host" },
+            io_fallback: self.io_fallback.clone(),
+            device_io: self.device_io,
         };
         summary.write_s = t0.elapsed().as_secs_f64();
         let json = serde_json::to_vec_pretty(&summary).map_err(|e| crate::map::MapError::Io {
@@ -696,9 +731,16 @@ pub struct Summary {
     pub batch_plan: Option<AutoBatch>,
     /// Batch changes made while running, with their causes.
     pub batch_changes: Vec<Adjustment>,
+    /// Where batches were prepared and reduced: `host` or `device` (`--io`).
+    pub io: &'static str,
+    /// Why a CUDA run under `--io auto` took the host path.
+    pub io_fallback: Option<String>,
+    /// What the device-resident path moved and where its time went.
+    pub device_io: Option<crate::gpu::resident::DeviceIo>,
 }
 
 mod auto;
+mod device;
 mod plan;
 mod session;
 
