@@ -91,13 +91,31 @@ big fp16_device --io device --precision fp16
 big fp16_device_graph --io device --precision fp16 --cuda-graph
 big fp32_device_graph --io device --cuda-graph
 step memory
-MP=$(mem_trace "$R/mem_used_8gib_mib.txt")
-$B classify "$SIM" --model "$M" --out /tmp/o/mem --mode dense --tile 256 --batch 16 --ep cuda --io device --gpu-mem-limit-mib 8192 --json > "$R/classify_8gib.json" 2> "$R/classify_8gib.err"; echo "8GiB limit rc=$?"
-kill $MP
-$B plan --model "$M" --scene "$SIM" --ep cuda --json > "$R/plan_cuda.json" 2> "$R/plan_cuda.err"; echo "plan rc=$?"; head -c 1500 "$R/plan_cuda.json"; tail -2 "$R/plan_cuda.err"
-MP=$(mem_trace "$R/mem_used_auto_mib.txt")
-$B classify "$SIM" --model "$M" --out /tmp/o/auto --mode dense --tile 256 --batch auto --ep cuda --io device --json > "$R/classify_auto.json" 2> "$R/classify_auto.err"; echo "auto rc=$?"; tail -2 "$R/classify_auto.err"
-kill $MP
+# The plan's predicted device peak against the run's measured one (cuMemGetInfo every 1 ms in the
+# run, and nvidia-smi every 50 ms beside it), at the batch the plan chose (--no-knee: memory binds).
+$B plan --model "$M" --scene "$SIM" --mode dense --tile 256 --ep cuda > "$R/plan_cuda.txt" 2>&1; echo "plan rc=$?"; grep -E 'device|batch_safe|B_safe' "$R/plan_cuda.txt" | head -5
+for lim in none 8192 2048; do
+  extra=""; [ $lim != none ] && extra="--gpu-mem-limit-mib $lim"
+  for mode in dense patch; do
+    MP=$(mem_trace "$R/mem_used_${mode}_$lim.txt")
+    timeout 90 $B classify "$SIM" --model "$M" --out /tmp/o/mem-$mode-$lim --mode $mode --tile 256 --batch auto --no-knee --max-batch 65536 \
+      --ep cuda --io device $extra --json > "$R/classify_auto_${mode}_$lim.json" 2> "$R/classify_auto_${mode}_$lim.err"; echo "auto $mode limit $lim rc=$?"; tail -2 "$R/classify_auto_${mode}_$lim.err"
+    kill $MP
+    python3 - "$R/classify_auto_${mode}_$lim.json" "$R/mem_used_${mode}_$lim.txt" <<'PY'
+import json, sys
+try:
+    d = json.load(open(sys.argv[1])); p = d["batch_plan"]; dv = p.get("device") or {}
+    smi = [int(x) for x in open(sys.argv[2]).read().split() if x.strip().isdigit()]
+    pred, meas = dv.get("predicted_peak_bytes"), d.get("device_peak_bytes")
+    print(dict(batch=d["batch"], limited_by=p["plan"].get("limited_by"), device_units_safe=dv.get("units_safe"), binding=dv.get("binding"),
+               source=dv.get("source"), fixed_mib=(dv.get("fixed_bytes") or 0) / 2**20, per_unit_mib=(dv.get("per_unit_bytes") or 0) / 2**20,
+               predicted_mib=pred and pred / 2**20, measured_mib=meas and meas / 2**20, smi_max_mib=max(smi) if smi else None,
+               error=(meas - pred) / pred if pred and meas else None))
+except Exception as e:
+    print("no result:", e)
+PY
+  done
+done
 step cpu-before-after
 [ -x "$B0" ] || echo "skipped: no .gpu/hsiedge-base (stage with BASE_BIN=...)"
 [ -x "$B0" ] && for i in 1 2; do

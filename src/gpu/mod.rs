@@ -16,6 +16,7 @@ use serde::Serialize;
 
 pub mod check;
 pub mod kernels;
+pub mod memory;
 pub mod reference;
 pub mod resident;
 

@@ -56,6 +56,9 @@ pub struct AutoBatch {
     pub pipeline_fixed_bytes: u64,
     /// The cached sweep whose knee capped the batch, when one applied.
     pub knee_file: Option<PathBuf>,
+    /// A GPU provider's device memory: its budget, the fitted device cost, the batch it allows
+    /// and the predicted device peak at the chosen batch.
+    pub device: Option<budget::device::DevicePlan>,
 }
 
 /// The in-run sweep times a batch size only if the scene holds at least this many batches of it
@@ -154,6 +157,11 @@ pub fn auto_batch(
     // Each probe runs long enough (at least `queue + 3` batches and 2048 samples or 8 tiles) for
     // the runtime's per-thread allocator heaps to reach their steady size.
     let probe_units: u64 = if unit == Unit::Sample { 2048 } else { 8 };
+    // A GPU provider's session holds device memory RSS does not see: each probe's device peak
+    // over what was in use before it is measured beside its host peak.
+    let gpu = graph.device();
+    let device_before = gpu.and_then(|(d, _)| crate::gpu::probe(d as usize).ok().flatten());
+    let mut device_samples: Vec<(u64, u64)> = Vec::new();
     let mut timed: Vec<SweepPoint> = Vec::new();
     let calibration_started = std::time::Instant::now();
     let calibration = match (scene, sizes.len() >= 2) {
@@ -164,12 +172,20 @@ pub fn auto_batch(
                     ..run.clone()
                 };
                 budget::reset_process_hwm(root)?;
+                let device = match &device_before {
+                    Some(d) => crate::gpu::memory::PeakSampler::start(d.ordinal).ok().flatten(),
+                    None => None,
+                };
                 let (result, sampled) = with_peak_anon(root, || {
                     let batches = (run.queue + 3).max(usize::try_from(probe_units.div_ceil(b)).unwrap_or(1));
                     pipeline::probe(cube, manifest, graph, &opts, batches)
                 });
                 // A batch larger than the scene runs at the scene's size: timed as what it is.
                 let ran = b.min(scene_units);
+                if let Some(d) = device {
+                    let start = d.start_bytes();
+                    device_samples.push((ran, d.stop().saturating_sub(start)));
+                }
                 if let Some(p) = budget::plateau::point_from_runs(ran, &result?) {
                     budget::plateau::put(&mut timed, p);
                 }
@@ -224,6 +240,22 @@ pub fn auto_batch(
                 .saturating_mul(extra_buffers(run.queue, scene_units, b)),
         )
     };
+    let mut device = device_before.map(|d| {
+        let used = d.total_bytes.saturating_sub(d.free_bytes);
+        let samples = std::mem::take(&mut device_samples);
+        if d.integrated {
+            budget::device::DevicePlan::shared(used, samples)
+        } else {
+            let limit = gpu.and_then(|(_, l)| l);
+            budget::device::DevicePlan::discrete(d.free_bytes, limit, used, samples, settings.frag_margin)
+        }
+    });
+    // On an integrated GPU the device's memory is the host's: its line joins the host's cost.
+    let shared = device
+        .as_ref()
+        .filter(|d| d.source == budget::device::DeviceSource::Shared)
+        .cloned();
+    let peak_at = |b: u64| peak_at(b).saturating_add(shared.as_ref().map_or(0, |d| d.added_at(b)));
     let frag_margin_bytes = ((system.budget_bytes as f64) * settings.frag_margin).ceil() as u64;
     let usable = system.budget_bytes.saturating_sub(frag_margin_bytes);
     let (mut lo, mut hi) = (0u64, 1u64 << 48);
@@ -235,7 +267,9 @@ pub fn auto_batch(
             hi = mid - 1;
         }
     }
-    let memory_units = lo;
+    let host_units = lo;
+    let device_units = device.as_ref().map_or(u64::MAX, |d| d.units_safe);
+    let memory_units = host_units.min(device_units);
     let mut choose = ChooseConfig {
         frag_margin: settings.frag_margin,
         max_units: settings.max_units,
@@ -286,6 +320,9 @@ pub fn auto_batch(
         };
     }
     let batch = capped.units;
+    if let Some(d) = device.as_mut() {
+        d.chose(batch, device_units < host_units && limited_by == budget::Limit::Memory);
+    }
     let per_unit_bytes = if batch > 0 {
         (peak_at(batch) - fixed).div_ceil(batch)
     } else {
@@ -323,6 +360,7 @@ pub fn auto_batch(
         run_bytes_per_unit: run_bytes,
         pipeline_fixed_bytes,
         knee_file: knee.map(|(_, p)| p),
+        device,
     })
 }
 

@@ -295,6 +295,8 @@ pub struct Job {
     io_fallback: Option<String>,
     /// What the last device-resident run moved.
     device_io: Option<crate::gpu::resident::DeviceIo>,
+    /// Device memory in use at the last run's peak (a GPU provider's).
+    device_peak_bytes: Option<u64>,
 }
 
 impl Drop for Job {
@@ -408,6 +410,7 @@ impl Job {
             resident,
             io_fallback,
             device_io: None,
+            device_peak_bytes: None,
         })
     }
 
@@ -432,6 +435,11 @@ impl Job {
                 sampled_at = Instant::now();
             }
             progress(done);
+        };
+        // A GPU provider's device memory, sampled through the run (its peak is inside it).
+        let device = match self.graph.device() {
+            Some((d, _)) => crate::gpu::memory::PeakSampler::start(d as usize).ok().flatten(),
+            None => None,
         };
         let shape = self.map_shape();
         let (out, manifest, scene) = (&self.out, &self.manifest, self.cube.header());
@@ -473,6 +481,7 @@ impl Job {
         // The run's buffers and the session's arena are still held, so the end is sampled too.
         self.peak_anon_bytes = peak.max(anon_bytes(&root)).max(hwm_anon_bound(&root).unwrap_or(0));
         self.adjustments = governor.map(|g| g.changes).unwrap_or_default();
+        self.device_peak_bytes = device.map(|d| d.stop());
         let (maps, stats, io) = result?;
         self.device_io = io;
         self.staged = Some(staged?);
@@ -551,6 +560,7 @@ impl Job {
             io: if self.resident.is_some() { "device" } else { "host" },
             io_fallback: self.io_fallback.clone(),
             device_io: self.device_io,
+            device_peak_bytes: self.device_peak_bytes,
         };
         summary.write_s = t0.elapsed().as_secs_f64();
         let json = serde_json::to_vec_pretty(&summary).map_err(|e| crate::map::MapError::Io {
@@ -737,6 +747,9 @@ pub struct Summary {
     pub io_fallback: Option<String>,
     /// What the device-resident path moved and where its time went.
     pub device_io: Option<crate::gpu::resident::DeviceIo>,
+    /// Device memory in use at the run's peak, sampled every millisecond (`cuMemGetInfo`: the
+    /// whole device), on a GPU provider: what `batch_plan.device.predicted_peak_bytes` predicts.
+    pub device_peak_bytes: Option<u64>,
 }
 
 mod auto;
