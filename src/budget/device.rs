@@ -79,7 +79,13 @@ impl DevicePlan {
     /// The plan for a discrete GPU with `free` bytes free (and the arena bounded by `limit`, if
     /// given) after `used_before` were in use, from calibration `samples`, keeping `frag_margin`
     /// of the budget back.
-    pub fn discrete(free: u64, limit: Option<u64>, used_before: u64, samples: Vec<(u64, u64)>, frag_margin: f64) -> Self {
+    pub fn discrete(
+        free: u64,
+        limit: Option<u64>,
+        used_before: u64,
+        samples: Vec<(u64, u64)>,
+        frag_margin: f64,
+    ) -> Self {
         let (source, budget) = match limit {
             Some(l) if l < free => (DeviceSource::GpuMemLimit, l),
             _ => (DeviceSource::DeviceFree, free),
@@ -121,7 +127,8 @@ impl DevicePlan {
 
     /// Device bytes a run at `batch` adds.
     pub fn added_at(&self, batch: u64) -> u64 {
-        self.fixed_bytes.saturating_add(self.per_unit_bytes.saturating_mul(batch))
+        self.fixed_bytes
+            .saturating_add(self.per_unit_bytes.saturating_mul(batch))
     }
 
     /// Records the batch the plan chose, and whether the device bound it.

@@ -118,7 +118,11 @@ fn preprocess_case<T: DeviceSample>(
 fn gather_case(k: &Kernels, rng: &mut rand::rngs::StdRng) -> Result<Case, GpuError> {
     let halo = rng.random_range(0..6);
     let p = 2 * halo + 1;
-    let (th, tw, bands) = (rng.random_range(1..20), rng.random_range(1..20), rng.random_range(1..60));
+    let (th, tw, bands) = (
+        rng.random_range(1..20),
+        rng.random_range(1..20),
+        rng.random_range(1..60),
+    );
     let (wh, ww) = (th + 2 * halo, tw + 2 * halo);
     let window: Vec<f32> = (0..bands * wh * ww).map(|_| rng.random_range(-3.0..3.0)).collect();
     let first = rng.random_range(0..th * tw);
@@ -126,7 +130,9 @@ fn gather_case(k: &Kernels, rng: &mut rand::rngs::StdRng) -> Result<Case, GpuErr
     let want = reference::gather_patches(&window, (bands, wh, ww), p, tw, first, n);
     let s = k.stream();
     let d_window = s.clone_htod(&window).map_err(driver("cuMemcpyHtoD"))?;
-    let out = s.clone_htod(&vec![f32::NAN; want.len()]).map_err(driver("cuMemcpyHtoD"))?;
+    let out = s
+        .clone_htod(&vec![f32::NAN; want.len()])
+        .map_err(driver("cuMemcpyHtoD"))?;
     {
         let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&out, s);
         // SAFETY: `out` holds n * bands * p * p floats of this context, and nothing else uses it
@@ -134,7 +140,11 @@ fn gather_case(k: &Kernels, rng: &mut rand::rngs::StdRng) -> Result<Case, GpuErr
         unsafe { k.gather_patches_into(&d_window, (bands, wh, ww), p, tw, first, n, ptr)? };
     }
     let got = s.clone_dtoh(&out).map_err(driver("cuMemcpyDtoH"))?;
-    let mismatches = got.iter().zip(&want).filter(|(g, w)| g.to_bits() != w.to_bits()).count();
+    let mismatches = got
+        .iter()
+        .zip(&want)
+        .filter(|(g, w)| g.to_bits() != w.to_bits())
+        .count();
     Ok(Case {
         kernel: "gather_patches".into(),
         variant: format!("p={p} tile {th}x{tw} bands={bands} pixels {first}+{n}"),

@@ -32,7 +32,9 @@ pub struct PeakSampler {
 
 impl std::fmt::Debug for PeakSampler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PeakSampler").field("start", &self.start).finish_non_exhaustive()
+        f.debug_struct("PeakSampler")
+            .field("start", &self.start)
+            .finish_non_exhaustive()
     }
 }
 

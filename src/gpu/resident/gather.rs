@@ -44,7 +44,11 @@ pub fn raw_window(cube: &Cube, lines: &[usize], runs: &[(usize, usize)], out: &m
                 _ => (band * l + y) * s,
             };
             let bands_outer = h.interleave == Interleave::Bsq;
-            let (outer, inner) = if bands_outer { (b, lines.len()) } else { (lines.len(), b) };
+            let (outer, inner) = if bands_outer {
+                (b, lines.len())
+            } else {
+                (lines.len(), b)
+            };
             for i in 0..outer {
                 for j in 0..inner {
                     let (y, band) = if bands_outer { (lines[j], i) } else { (lines[i], j) };

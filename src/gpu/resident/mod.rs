@@ -91,7 +91,10 @@ pub fn unsupported(cube: &Cube, manifest: &Manifest, provider: Provider) -> Opti
     }
     let dt = cube.header().data_type;
     if !matches!(dt, DataType::I16 | DataType::U16 | DataType::F32) {
-        return Some(format!("decodes int16, uint16 and float32 samples; {} has {dt:?}", cube.header_path().display()));
+        return Some(format!(
+            "decodes int16, uint16 and float32 samples; {} has {dt:?}",
+            cube.header_path().display()
+        ));
     }
     None
 }
@@ -172,7 +175,10 @@ impl Resident {
                 let p = manifest.patch;
                 if p != 2 * manifest.halo + 1 {
                     return Err(ResidentError::Unsupported {
-                        what: format!("gathers patches of 2 x halo + 1; the manifest has patch {p}, halo {}", manifest.halo),
+                        what: format!(
+                            "gathers patches of 2 x halo + 1; the manifest has patch {p}, halo {}",
+                            manifest.halo
+                        ),
                     });
                 }
                 let i = manifest.input.layout.shape(b, bands, p, p);
@@ -232,9 +238,11 @@ impl Resident {
         let s = k.stream().clone();
         // SAFETY: pinned host memory for the raw windows; every byte of it a run reads is written
         // by `gather::raw_window` before it is uploaded.
-        let staging = unsafe { k.context().alloc_pinned::<u8>(units_raw * window_bytes) }
-            .map_err(driver("cuMemHostAlloc"))?;
-        let d_raw = s.alloc_zeros::<u8>(units_raw * window_bytes).map_err(driver("cuMemAlloc"))?;
+        let staging =
+            unsafe { k.context().alloc_pinned::<u8>(units_raw * window_bytes) }.map_err(driver("cuMemHostAlloc"))?;
+        let d_raw = s
+            .alloc_zeros::<u8>(units_raw * window_bytes)
+            .map_err(driver("cuMemAlloc"))?;
         let d_window = s
             .alloc_zeros::<f32>(if opts.mode == Mode::Patch { bands * wh * ww } else { 1 })
             .map_err(driver("cuMemAlloc"))?;
@@ -249,7 +257,11 @@ impl Resident {
             pixels_per_unit,
             classes: manifest.classes(),
             logits: manifest.output_kind == OutputKind::Logits,
-            ids: manifest.outputs.iter().map(|o| u8::try_from(o.id).unwrap_or(0)).collect(),
+            ids: manifest
+                .outputs
+                .iter()
+                .map(|o| u8::try_from(o.id).unwrap_or(0))
+                .collect(),
             patch: manifest.patch,
             bands,
             window_bytes,
@@ -428,7 +440,8 @@ impl Resident {
         let s = self.k.stream().clone();
         let host = self.staging.as_slice().map_err(driver("cuEventSynchronize"))?;
         let mut dst = self.d_raw.slice_mut(0..bytes);
-        s.memcpy_htod(&host[..bytes], &mut dst).map_err(driver("cuMemcpyHtoDAsync"))?;
+        s.memcpy_htod(&host[..bytes], &mut dst)
+            .map_err(driver("cuMemcpyHtoDAsync"))?;
         io.h2d_bytes += bytes as u64;
         Ok(())
     }
@@ -442,18 +455,24 @@ impl Resident {
             ($t:ty) => {{
                 // SAFETY: the window holds `wb / size_of::<T>()` samples of type T (the cube's
                 // data type), starting at a multiple of its size; any bit pattern is a valid T.
-                let raw = unsafe { view.transmute::<$t>(wb / std::mem::size_of::<$t>()) }.ok_or_else(|| {
-                    GpuError::Shape {
+                let raw =
+                    unsafe { view.transmute::<$t>(wb / std::mem::size_of::<$t>()) }.ok_or_else(|| GpuError::Shape {
                         kernel: <$t as DeviceSample>::KERNEL,
                         message: format!("a window of {wb} bytes is not whole samples"),
-                    }
-                })?;
+                    })?;
                 // SAFETY: `out` is a float32 planar window of `dims` in device memory of this
                 // context (the bound input's unit `i`, or `d_window`), used by no other stream
                 // before this one is synchronised.
                 unsafe {
-                    self.k
-                        .preprocess_into(&raw, self.interleave, self.swap, dims, &self.d_mean, &self.d_inv, out)
+                    self.k.preprocess_into(
+                        &raw,
+                        self.interleave,
+                        self.swap,
+                        dims,
+                        &self.d_mean,
+                        &self.d_inv,
+                        out,
+                    )
                 }?;
             }};
         }
