@@ -63,7 +63,7 @@ pub fn fit(samples: &[(u64, u64)]) -> (u64, u64) {
     let sxy: f64 = samples.iter().map(|s| (s.0 as f64 - mx) * (s.1 as f64 - my)).sum();
     let slope = (sxy / sxx).max(0.0);
     let intercept = (my - slope * mx).max(0.0);
-    (intercept.ceil() as u64, slope.ceil() as u64)
+    (intercept.round() as u64, slope.round() as u64)
 }
 
 /// The largest batch `b` with `fixed + per_unit * b <= usable` (0 when not even the fixed part fits).
