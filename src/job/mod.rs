@@ -436,10 +436,13 @@ impl Job {
             }
             progress(done);
         };
-        // A GPU provider's device memory, sampled through the run (its peak is inside it).
+        // A GPU provider's device memory, sampled through the run (its peak is inside it); not
+        // while CUDA graphs are captured, which another thread's driver calls may invalidate.
         let device = match self.graph.device() {
-            Some((d, _)) => crate::gpu::memory::PeakSampler::start(d as usize).ok().flatten(),
-            None => None,
+            Some((d, _)) if !self.runtime.options().gpu.cuda_graph => {
+                crate::gpu::memory::PeakSampler::start(d as usize).ok().flatten()
+            }
+            _ => None,
         };
         let shape = self.map_shape();
         let (out, manifest, scene) = (&self.out, &self.manifest, self.cube.header());
