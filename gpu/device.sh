@@ -66,7 +66,7 @@ PY
 step bench-salinas
 bench() {
   local name=$1; shift
-  timeout 120 $B bench classify "$S" --model "$M" --no-python --json --repeat 20 "$@" \
+  timeout 120 $B bench classify "$S" --model "$M" --no-python --json --repeat 10 "$@" \
     > "$R/bench_$name.json" 2> "$R/bench_$name.err"; echo "bench $name rc=$?"; tail -2 "$R/bench_$name.err"
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(k, d[k] and {x: d[k][x] for x in ('batch','end_to_end_s','inference_s','pixels_per_s','e2e_over_inference')}, d[k] and d[k].get('device_io')) for k in ('patch','dense')]" "$R/bench_$name.json" 2>/dev/null
 }
