@@ -131,6 +131,15 @@ impl DevicePlan {
             .saturating_add(self.per_unit_bytes.saturating_mul(batch))
     }
 
+    /// The largest batch (at least 1) the line fits in the device memory free now (`free`) plus
+    /// what a run at `current` holds of it, less `frag_margin` of that room: the governor's device
+    /// cap while a run goes on (another process taking device memory lowers it).
+    pub fn cap_now(&self, free: u64, current: u64, frag_margin: f64) -> u64 {
+        let room = free.saturating_add(self.added_at(current));
+        let usable = room.saturating_sub((room as f64 * frag_margin).ceil() as u64);
+        units_fitting(self.fixed_bytes, self.per_unit_bytes, usable).max(1)
+    }
+
     /// Records the batch the plan chose, and whether the device bound it.
     pub fn chose(&mut self, batch: u64, binding: bool) {
         self.batch = batch;
@@ -171,6 +180,19 @@ mod tests {
         assert_eq!(l.source, DeviceSource::GpuMemLimit);
         assert_eq!(l.units_safe, ((8 * g - (8 * g / 10 + 1)) - g) / (256 << 20));
         assert!(l.added_at(l.units_safe) <= l.usable_bytes && l.added_at(l.units_safe + 1) > l.usable_bytes);
+    }
+
+    #[test]
+    fn the_running_cap_falls_when_another_process_takes_device_memory() {
+        let g = 1u64 << 30;
+        let p = DevicePlan::discrete(10 * g, None, 0, vec![(1, g + g / 4), (8, g + 2 * g)], 0.0);
+        // At batch 8 the run holds 3 GiB; 7 GiB free: 10 GiB room -> 36 units.
+        assert_eq!(p.cap_now(7 * g, 8, 0.0), 36);
+        // Another process takes 6 GiB: 4 GiB room -> 12 units.
+        assert_eq!(p.cap_now(g, 8, 0.0), 12);
+        // Nothing free beyond the run's own: its own batch still fits, never below 1.
+        assert_eq!(p.cap_now(0, 8, 0.0), 8);
+        assert_eq!(p.cap_now(0, 0, 0.5), 1);
     }
 
     #[test]

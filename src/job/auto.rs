@@ -497,10 +497,23 @@ pub(super) struct BudgetGovernor {
     reserve_bytes: u64,
     last_look: Option<std::time::Instant>,
     pub(super) changes: Vec<Adjustment>,
+    /// A discrete GPU's part of the plan and a reader of its free memory now: the batch is also
+    /// capped where the device's line meets what is free besides what this run holds.
+    device: Option<(budget::device::DevicePlan, DeviceFree)>,
+    /// The batch the device allows now (`u64::MAX` without a device).
+    device_cap: u64,
+    frag_margin: f64,
 }
 
+/// Reads a device's free memory now, bytes (`None` when it cannot be read).
+type DeviceFree = Box<dyn FnMut() -> Option<u64> + Send>;
+
 impl BudgetGovernor {
-    pub(super) fn new(auto: &AutoBatch, settings: &BudgetSettings) -> Result<Self, JobError> {
+    pub(super) fn new(
+        auto: &AutoBatch,
+        settings: &BudgetSettings,
+        gpu_ordinal: Option<usize>,
+    ) -> Result<Self, JobError> {
         let cost = CostModel {
             unit: auto.plan.unit,
             fixed_bytes: auto.plan.fixed_bytes,
@@ -522,6 +535,18 @@ impl BudgetGovernor {
             reserve_bytes: settings.reserve_bytes,
             last_look: None,
             changes: Vec::new(),
+            device: auto
+                .device
+                .clone()
+                .filter(|d| d.source != budget::device::DeviceSource::Shared)
+                .zip(gpu_ordinal)
+                .map(|(d, ordinal)| {
+                    let read: DeviceFree =
+                        Box::new(move || crate::gpu::probe(ordinal).ok().flatten().map(|i| i.free_bytes));
+                    (d, read)
+                }),
+            device_cap: u64::MAX,
+            frag_margin: settings.frag_margin,
         })
     }
 
@@ -567,6 +592,18 @@ impl pipeline::Adapt for BudgetGovernor {
             eprintln!("hsiedge: {c}");
             self.changes.push(c);
         }
-        usize::try_from(self.governor.current()).unwrap_or(current)
+        if let Some((plan, read)) = self.device.as_mut()
+            && let Some(free) = read()
+        {
+            let cap = plan.cap_now(free, current as u64, self.frag_margin);
+            if cap != self.device_cap && (cap < current as u64 || self.device_cap < current as u64) {
+                eprintln!(
+                    "hsiedge: device memory: {} MiB free, the batch is capped at {cap}",
+                    free >> 20
+                );
+            }
+            self.device_cap = cap;
+        }
+        usize::try_from(self.governor.current().min(self.device_cap)).unwrap_or(current)
     }
 }

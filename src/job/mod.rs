@@ -417,7 +417,11 @@ impl Job {
     /// Runs the pipeline; `progress` gets each batch's record.
     pub fn infer(&mut self, progress: &mut dyn FnMut(&pipeline::BatchDone)) -> Result<(Maps, RunStats), JobError> {
         let mut governor = match (&self.plan, self.spec.budget.adapt) {
-            (Some(auto), true) => Some(BudgetGovernor::new(auto, &self.spec.budget)?),
+            (Some(auto), true) => Some(BudgetGovernor::new(
+                auto,
+                &self.spec.budget,
+                self.graph.device().map(|(d, _)| d as usize),
+            )?),
             _ => None,
         };
         let adapt = governor.as_mut().map(|g| g as &mut dyn pipeline::Adapt);

@@ -358,7 +358,11 @@ impl ModelSession {
                     ..state.settings.clone()
                 };
                 match settings.adapt {
-                    true => Some(BudgetGovernor::new(&plan.auto, &settings)?),
+                    true => Some(BudgetGovernor::new(
+                        &plan.auto,
+                        &settings,
+                        self.graph.device().map(|(d, _)| d as usize),
+                    )?),
                     false => None,
                 }
             }
