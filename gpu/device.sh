@@ -3,11 +3,12 @@
 # and onnxruntime-gpu's libraries in /tmp/ortparts (earlier calls). Every GPU test and benchmark,
 # results into $OUT/gpu-results.tar.gz plus $OUT/log.
 #
-#   bash .gpu/device.sh [ours|torch|all]   (default all: ours, then torch)
+#   bash .gpu/device.sh [ours|torch|all]   (default all, one call of at most ~580 s: ours, the
+#   sweeps, then PyTorch in the time left; torch: the sweeps and PyTorch)
 # `ours`: kernels, labels (CPU against CUDA, host and device I/O paths), benches (Salinas-A and a
 # 1024 x 1024 scene, host against device path, fp32/fp16, CUDA graphs), the CPU path before and
 # after (.gpu/hsiedge-base against .gpu/hsiedge, alternated), the device memory checks.
-# `torch`: the batch sweeps with their plot and gpu_baseline.py's HybridSN parts.
+# `torch`: the batch sweeps with their plots and gpu_baseline.py's HybridSN parts.
 set -u
 what=${1:-all}
 G=$PWD/.gpu
@@ -74,7 +75,6 @@ bench cuda_fp32_host --ep cuda --io host --batch 1024 --dense-batch 16
 bench cuda_fp32_device --ep cuda --io device --batch 1024 --dense-batch 16
 bench cuda_fp32_device_b128 --ep cuda --io device --batch 128 --dense-batch 16 --only patch
 bench cuda_fp16_device --ep cuda --io device --precision fp16 --batch 1024 --dense-batch 16
-bench cuda_fp32_device_graph --ep cuda --io device --cuda-graph --batch 1024 --dense-batch 16
 bench cuda_fp16_device_graph --ep cuda --io device --cuda-graph --precision fp16 --batch 1024 --dense-batch 16
 step bench-1024
 $B simulate --model "$M" --out /tmp/sim --lines 1024 --samples 1024 > /dev/null; echo "simulate rc=$?"
@@ -89,12 +89,11 @@ big fp32_host --io host
 big fp32_device --io device
 big fp16_device --io device --precision fp16
 big fp16_device_graph --io device --precision fp16 --cuda-graph
-big fp32_device_graph --io device --cuda-graph
 step memory
 # The plan's predicted device peak against the run's measured one (cuMemGetInfo every 1 ms in the
 # run, and nvidia-smi every 50 ms beside it), at the batch the plan chose (--no-knee: memory binds).
 $B plan --model "$M" --scene "$SIM" --mode dense --tile 256 --ep cuda > "$R/plan_cuda.txt" 2>&1; echo "plan rc=$?"; grep -E 'device|batch_safe|B_safe' "$R/plan_cuda.txt" | head -5
-for lim in none 8192 2048; do
+for lim in 8192 2048; do
   extra=""; [ $lim != none ] && extra="--gpu-mem-limit-mib $lim"
   for mode in dense patch; do
     MP=$(mem_trace "$R/mem_used_${mode}_$lim.txt")
@@ -126,23 +125,30 @@ step cpu-before-after
 done
 }
 
-torch() {
+sweeps() {
 step sweep
 for mode in patch dense; do
   MP=$(mem_trace "$R/sweep_mem_${mode}_mib.txt")
-  timeout 100 $B bench sweep --model "$M" --mode $mode --ep cuda --no-cache --json --max-run-s 3 --fp16 --plot "$R/sweep_cuda_$mode.svg" \
+  timeout 60 $B bench sweep --model "$M" --mode $mode --ep cuda --no-cache --json --max-run-s 2 --repeat 3 --fp16 --plot "$R/sweep_cuda_$mode.svg" \
     > "$R/sweep_cuda_$mode.json" 2> "$R/sweep_cuda_$mode.err"; echo "sweep $mode rc=$?"; tail -3 "$R/sweep_cuda_$mode.err"
   kill $MP
 done
-step pytorch
-# gpu_baseline.py's HybridSN parts (its whole run, cnn3d and the OOM searches included, outlasts 300 s).
-(cd "$R" && OUT="$R" PYTHONUNBUFFERED=1 timeout 240 python3 "$G/baseline_subset.py" > "$R/gpu_baseline.log" 2>&1); echo "baseline rc=$?"; tail -3 "$R/gpu_baseline.log"
 }
 
+pytorch() {
+step pytorch
+# gpu_baseline.py's HybridSN parts (its whole run, cnn3d and the OOM searches included, outlasts
+# 300 s): dense tiles first, then the patch sweep; the JSON keeps each part as it finishes.
+left=$(( ${DEADLINE_S:-580} - SECONDS )); [ $left -gt 300 ] && left=300
+echo "pytorch gets ${left} s"
+[ $left -gt 20 ] && (cd "$R" && OUT="$R" PYTHONUNBUFFERED=1 timeout $left python3 "$G/baseline_subset.py" > "$R/gpu_baseline.log" 2>&1); echo "baseline rc=$?"; tail -3 "$R/gpu_baseline.log"
+}
+
+# `all` (one call, about 580 s at most): ours, the sweeps, then PyTorch in the time left.
 case $what in
   ours) ours ;;
-  torch) torch ;;
-  *) ours; torch ;;
+  torch) sweeps; pytorch ;;
+  *) ours; sweeps; pytorch ;;
 esac
 tar -C /tmp -czf "$OUT/gpu-results-$what.tar.gz" gpu-results
 ls -la "$R" | head -80
