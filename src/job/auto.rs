@@ -144,12 +144,22 @@ pub fn auto_batch(
         }
         v
     };
+    // A GPU provider's session holds device memory RSS does not see: each probe's device peak
+    // over what was in use before it is measured beside its host peak.
+    let gpu = graph.device();
+    let device_before = gpu.and_then(|(d, _)| crate::gpu::probe(d as usize).ok().flatten());
+    let device_room = device_before
+        .as_ref()
+        .filter(|d| !d.integrated)
+        .map(|d| gpu.and_then(|(_, l)| l).map_or(d.free_bytes, |l| l.min(d.free_bytes)));
     let sizes: Vec<u64> = match unit {
         Unit::Sample => sample_sizes,
         Unit::Tile => vec![1u64, 4, 8],
     }
     .into_iter()
     .filter(|&b| own.saturating_add(prior.per_unit_bytes.saturating_mul(8 * b)) <= system.budget_bytes)
+    // On a GPU a probe must also fit the device (or the arena's bound) by the same margin.
+    .filter(|&b| device_room.is_none_or(|room| prior.per_unit_bytes.saturating_mul(8 * b) <= room))
     .collect();
     // Calibration runs the real pipeline (producer, queue, engine) for a few batches at each small
     // size on the scene itself, so in-flight batches, the tile window and allocator behaviour are
@@ -157,10 +167,6 @@ pub fn auto_batch(
     // Each probe runs long enough (at least `queue + 3` batches and 2048 samples or 8 tiles) for
     // the runtime's per-thread allocator heaps to reach their steady size.
     let probe_units: u64 = if unit == Unit::Sample { 2048 } else { 8 };
-    // A GPU provider's session holds device memory RSS does not see: each probe's device peak
-    // over what was in use before it is measured beside its host peak.
-    let gpu = graph.device();
-    let device_before = gpu.and_then(|(d, _)| crate::gpu::probe(d as usize).ok().flatten());
     let mut device_samples: Vec<(u64, u64)> = Vec::new();
     let mut timed: Vec<SweepPoint> = Vec::new();
     let calibration_started = std::time::Instant::now();
@@ -247,6 +253,10 @@ pub fn auto_batch(
             budget::device::DevicePlan::shared(used, samples)
         } else {
             let limit = gpu.and_then(|(_, l)| l);
+            // The device path keeps its bound input and output allocated through the run, where
+            // the probes' session frees its copy of the input early: both are charged per unit.
+            let bound = in_bytes + out_bytes;
+            let samples = samples.into_iter().map(|(b, m)| (b, m + bound * b)).collect();
             budget::device::DevicePlan::discrete(d.free_bytes, limit, used, samples, settings.frag_margin)
         }
     });

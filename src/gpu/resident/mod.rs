@@ -492,20 +492,25 @@ impl Resident {
         s.synchronize().map_err(driver("cuStreamSynchronize"))?;
         let path = self.graph_path.clone();
         let fail = |call: &'static str| {
+            let graph = path.clone();
             move |e: ort::Error| ResidentError::Ort {
-                graph: path.clone(),
+                graph,
                 call,
                 message: e.to_string(),
             }
         };
         let t0 = Instant::now();
-        // `run_binding` returns after the provider's stream is synchronised.
         drop(
             graph
                 .session_mut()
                 .run_binding(&self.binding)
                 .map_err(fail("RunWithBinding"))?,
         );
+        // A replayed CUDA graph may still be running on the provider's own stream when the run
+        // returns: the output is read only once the provider has synchronised it.
+        self.binding
+            .synchronize_outputs()
+            .map_err(fail("SynchronizeBoundOutputs"))?;
         let ran = t0.elapsed();
         io.host_path_h2d_bytes += (self.bucket * self.in_per_unit * 4) as u64;
         let m = n * self.pixels_per_unit;
