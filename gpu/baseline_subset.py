@@ -1,15 +1,13 @@
-# gpu_baseline.py's HybridSN parts only (patch sweep fp32/fp16, dense tiles fp32/fp16), same functions.
+# gpu_baseline.py's HybridSN parts only (dense tiles fp32/fp16, then the patch sweep fp32/fp16), its
+# own functions; the JSON is rewritten after each part, so a run cut short keeps what it finished.
 import json, os, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch
 import gpu_baseline as g
+out = os.path.join(os.environ.get("OUT", "/tmp"), "baseline_subset.json")
 res = dict(device=torch.cuda.get_device_name(0), torch=torch.__version__)
-b2 = [2 ** k for k in range(0, 14)]
-hyb = g.HybridSN()
-rows = g.sweep("hybridsn_patch", hyb, lambda b: (b, 1, 30, 25, 25), b2, torch.float32)
-rows += g.sweep("hybridsn_patch", hyb, lambda b: (b, 1, 30, 25, 25), b2, torch.float16)
-res["sweep"] = rows
-print("sweep done", flush=True)
+def save():
+    json.dump(res, open(out, "w"), indent=1)
 dense = []
 for dtype in (torch.float32, torch.float16):
     m = g.HybridSN().to(g.dev, dtype).eval()
@@ -24,7 +22,15 @@ for dtype in (torch.float32, torch.float16):
                               peak_mib=(torch.cuda.max_memory_allocated() - base) / 2**20))
             print(dense[-1], flush=True)
             del x
-res["dense"] = dense
-json.dump(res, open(os.path.join(os.environ.get("OUT", "/tmp"), "baseline_subset.json"), "w"), indent=1)
+    res["dense"] = dense
+    save()
+b2 = [2 ** k for k in range(0, 14)]
+hyb = g.HybridSN()
+rows = []
+for dtype in (torch.float32, torch.float16):
+    rows += g.sweep("hybridsn_patch", hyb, lambda b: (b, 1, 30, 25, 25), b2, dtype)
+    res["sweep"] = rows
+    save()
+    print("sweep done", dtype, flush=True)
 best = max(r["samples_per_s"] for r in rows if r.get("dtype") == "float32" and "samples_per_s" in r)
 print("best fp32 patch samples/s", best)

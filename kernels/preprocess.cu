@@ -62,3 +62,23 @@ extern "C" __global__ void preprocess_f32(const float* raw, int interleave, int 
                                           int bands, const float* mean, const float* inv_std, float* out) {
     preprocess<float>(raw, interleave, swap, lines, samples, bands, mean, inv_std, out);
 }
+
+// Patch mode on the device: the p x p patches of `n` consecutive output pixels of one tile, read
+// from its normalised planar window (bands x wh x ww), written as the model's [n][bands][p][p]
+// input. Output pixel q of the tile (row-major over a tile `tw` wide) has its patch's top-left
+// corner at window (q / tw, q % tw); the window carries the halo, so every patch lies inside it.
+// One thread per output value.
+extern "C" __global__ void gather_patches(const float* window, int bands, int wh, int ww, int p, int tw,
+                                          int first, int n, float* out) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long per = (long long)bands * p * p;
+    if (i >= (long long)n * per) return;
+    int q = first + (int)(i / per);
+    long long r = i % per;
+    int b = (int)(r / (p * p));
+    int dy = (int)((r / p) % p);
+    int dx = (int)(r % p);
+    int y = q / tw + dy;
+    int x = q % tw + dx;
+    out[i] = window[((long long)b * wh + y) * ww + x];
+}

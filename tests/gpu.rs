@@ -143,19 +143,32 @@ fn cuda_classify_gives_the_cpu_labels_fp32_and_reports_fp16() {
         let s = summary(&ok(&classify_args(&scene, &model, &cpu_out, mode, "cpu")));
         assert_eq!(s["provider"], "CPUExecutionProvider");
         let cpu = std::fs::read(cpu_out.join("class_map.img")).unwrap();
-        for precision in ["fp32", "fp16"] {
-            let out = dir.path().join(format!("cuda-{mode}-{precision}"));
+        for (precision, io) in [
+            ("fp32", "host"),
+            ("fp32", "device"),
+            ("fp16", "host"),
+            ("fp16", "device"),
+        ] {
+            let out = dir.path().join(format!("cuda-{mode}-{precision}-{io}"));
             let mut args = classify_args(&scene, &model, &out, mode, "cuda");
-            args.extend(["--precision", precision]);
+            args.extend(["--precision", precision, "--io", io]);
             let s = summary(&ok(&args));
             assert_eq!(s["provider"], "CUDAExecutionProvider");
+            assert_eq!(s["io"], io, "{s}");
+            if io == "device" {
+                // Only labels and confidence come back: 8 bytes a pixel (a dense edge tile's
+                // padding a little more).
+                let d2h = s["device_io"]["d2h_bytes_per_pixel"].as_f64().unwrap();
+                assert!((8.0..9.0).contains(&d2h), "{s}");
+                assert!(s["device_peak_bytes"].as_u64().unwrap() > 0, "{s}");
+            }
             assert!(s["provider_fallbacks"].as_array().unwrap().is_empty());
             let got = std::fs::read(out.join("class_map.img")).unwrap();
             assert_eq!(got.len(), cpu.len());
             let same = got.iter().zip(&cpu).filter(|(a, b)| a == b).count();
             let agreement = same as f64 / cpu.len() as f64;
             eprintln!(
-                "GPU-RESULT agreement mode={mode} precision={precision} {agreement:.6} ({same} of {})",
+                "GPU-RESULT agreement mode={mode} precision={precision} io={io} {agreement:.6} ({same} of {})",
                 cpu.len()
             );
             if precision == "fp32" {
@@ -163,4 +176,29 @@ fn cuda_classify_gives_the_cpu_labels_fp32_and_reports_fp16() {
             }
         }
     }
+}
+
+#[test]
+fn the_device_path_on_a_cpu_session_is_an_error_naming_the_flag() {
+    let Some((scene, model)) = salinas() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut args = classify_args(&scene, &model, &out, "dense", "cpu");
+    args.extend(["--io", "device"]);
+    let err = fails(&args);
+    assert!(
+        err.contains("--io device") && err.contains("needs the cuda provider") && err.contains("--io host"),
+        "{err}"
+    );
+    assert!(!out.join("current").exists(), "no output set after a failed start");
+    // `--io auto` on the CPU provider is the host path, silently: nothing fell back.
+    let s = summary(&ok(&classify_args(
+        &scene,
+        &model,
+        &dir.path().join("auto"),
+        "dense",
+        "cpu",
+    )));
+    assert_eq!(s["io"], "host");
+    assert!(s["io_fallback"].is_null() && s["device_io"].is_null(), "{s}");
 }

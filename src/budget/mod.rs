@@ -62,6 +62,7 @@ use std::path::PathBuf;
 
 pub mod choose;
 pub mod cost;
+pub mod device;
 pub mod governor;
 pub mod knee;
 pub mod plan;

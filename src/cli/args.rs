@@ -51,6 +51,12 @@ pub struct EngineArgs {
     /// Model precision: fp32, or fp16 (the manifest's *_fp16 files).
     #[arg(long, default_value = "fp32", value_parser = clap::value_parser!(hsiedge::engine::Precision))]
     pub precision: hsiedge::engine::Precision,
+    /// Where a CUDA session's batches are prepared: device (raw windows uploaded, decoded and
+    /// normalised into bound device buffers, argmax on the device, only labels back), host
+    /// (float32 batches built on the host), or auto (device where the run allows it: cuda, a
+    /// classification model, int16/uint16/float32 samples; else host, with the reason printed).
+    #[arg(long, default_value = "auto", value_parser = clap::value_parser!(hsiedge::engine::IoPath))]
+    pub io: hsiedge::engine::IoPath,
     /// TensorRT: build fp16 kernels.
     #[arg(long)]
     pub trt_fp16: bool,
@@ -87,6 +93,7 @@ impl EngineArgs {
                 trt_cache_dir: self.trt_cache_dir.clone(),
                 trt_workspace: None,
                 trt_profile: None,
+                io: self.io,
             },
             precision: self.precision,
             spin: self.spin,

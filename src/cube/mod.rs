@@ -191,6 +191,12 @@ impl Cube {
         &self.map[self.header.header_offset..]
     }
 
+    /// The data file's samples as stored (after the header offset): the device-resident path
+    /// copies a window's raw samples from here and decodes them on the GPU.
+    pub fn data_bytes(&self) -> &[u8] {
+        self.data()
+    }
+
     /// Copies line `line`'s raw bytes into `out` as one line of the file's data type and byte
     /// order, band by band (BIL) for BIL and BSQ files, pixel by pixel (BIP) for BIP files: the
     /// line a pushbroom sensor would have sent. `line` must be below [`Cube::lines`] and `out`

@@ -536,6 +536,10 @@ impl Runtime {
             arena: self.options.arena,
             buckets: None,
             provider: self.provider,
+            device: self
+                .provider
+                .on_gpu()
+                .then_some((self.options.gpu.device_id, self.options.gpu.mem_limit)),
         };
         if role == Role::Dense {
             graph.check_halo(manifest)?;

@@ -196,6 +196,34 @@ impl FromStr for ConvSearch {
     }
 }
 
+/// Where a GPU session's batches are prepared and reduced (`--io`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IoPath {
+    /// The device path where the run allows it (the CUDA provider, a classification model, a
+    /// mapped scene of int16, uint16 or float32), else the host path with the reason printed.
+    #[default]
+    Auto,
+    /// Batches built as float32 on the host and copied in by ONNX Runtime; outputs copied back whole.
+    Host,
+    /// Raw windows uploaded, preprocessed into bound device buffers, argmax on the device
+    /// (`gpu::resident`); an error where the run does not allow it.
+    Device,
+}
+
+impl FromStr for IoPath {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(Self::Auto),
+            "host" => Ok(Self::Host),
+            "device" => Ok(Self::Device),
+            other => Err(format!("`{other}` is not an I/O path (auto, host or device)")),
+        }
+    }
+}
+
 /// Weights and activations of the graph run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -244,6 +272,8 @@ pub struct GpuOptions {
     /// TensorRT: the largest batch and the tile side the optimisation profile covers (`None`:
     /// the defaults of `classify`, 32 patches or 1 tile of 64).
     pub trt_profile: Option<(usize, usize)>,
+    /// Where batches are prepared and reduced on a CUDA session.
+    pub io: IoPath,
 }
 
 /// The CUDA provider's options as ONNX Runtime's keys and values.

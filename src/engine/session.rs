@@ -20,6 +20,8 @@ pub struct Graph {
     pub(super) arena: Arena,
     pub(super) buckets: Option<Buckets>,
     pub(super) provider: Provider,
+    /// The CUDA device and the arena bound the session was built with (a GPU provider's).
+    pub(super) device: Option<(u32, Option<u64>)>,
 }
 
 impl std::fmt::Debug for Graph {
@@ -47,6 +49,16 @@ impl Graph {
     /// The output tensor's signature.
     pub fn output(&self) -> &TensorSig {
         &self.output
+    }
+
+    /// The CUDA device ordinal and the provider's arena bound (`gpu_mem_limit`), on a GPU provider.
+    pub fn device(&self) -> Option<(u32, Option<u64>)> {
+        self.device
+    }
+
+    /// The ONNX Runtime session, for binding device buffers to it (`gpu::resident`).
+    pub(crate) fn session_mut(&mut self) -> &mut Session {
+        &mut self.session
     }
 
     /// The provider the session runs on.

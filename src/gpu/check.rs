@@ -115,6 +115,46 @@ fn preprocess_case<T: DeviceSample>(
     })
 }
 
+fn gather_case(k: &Kernels, rng: &mut rand::rngs::StdRng) -> Result<Case, GpuError> {
+    let halo = rng.random_range(0..6);
+    let p = 2 * halo + 1;
+    let (th, tw, bands) = (
+        rng.random_range(1..20),
+        rng.random_range(1..20),
+        rng.random_range(1..60),
+    );
+    let (wh, ww) = (th + 2 * halo, tw + 2 * halo);
+    let window: Vec<f32> = (0..bands * wh * ww).map(|_| rng.random_range(-3.0..3.0)).collect();
+    let first = rng.random_range(0..th * tw);
+    let n = rng.random_range(1..=th * tw - first);
+    let want = reference::gather_patches(&window, (bands, wh, ww), p, tw, first, n);
+    let s = k.stream();
+    let d_window = s.clone_htod(&window).map_err(driver("cuMemcpyHtoD"))?;
+    let out = s
+        .clone_htod(&vec![f32::NAN; want.len()])
+        .map_err(driver("cuMemcpyHtoD"))?;
+    {
+        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&out, s);
+        // SAFETY: `out` holds n * bands * p * p floats of this context, and nothing else uses it
+        // until the copy back below, on the same stream.
+        unsafe { k.gather_patches_into(&d_window, (bands, wh, ww), p, tw, first, n, ptr)? };
+    }
+    let got = s.clone_dtoh(&out).map_err(driver("cuMemcpyDtoH"))?;
+    let mismatches = got
+        .iter()
+        .zip(&want)
+        .filter(|(g, w)| g.to_bits() != w.to_bits())
+        .count();
+    Ok(Case {
+        kernel: "gather_patches".into(),
+        variant: format!("p={p} tile {th}x{tw} bands={bands} pixels {first}+{n}"),
+        values: want.len(),
+        mismatches,
+        max_rel_err: if mismatches == 0 { 0.0 } else { f64::INFINITY },
+        pass: mismatches == 0,
+    })
+}
+
 fn argmax_case(k: &Kernels, rng: &mut rand::rngs::StdRng, logits: bool) -> Result<Case, GpuError> {
     let (n, classes, pixels) = (
         rng.random_range(1..9),
@@ -228,6 +268,9 @@ pub fn run(ordinal: usize, seed: u64) -> Result<Report, GpuError> {
         for _ in 0..3 {
             cases.push(argmax_case(&k, &mut rng, logits)?);
         }
+    }
+    for _ in 0..4 {
+        cases.push(gather_case(&k, &mut rng)?);
     }
     let transfer = transfer(&k, &mut rng)?;
     let pass = cases.iter().all(|c| c.pass);

@@ -61,6 +61,7 @@ pub struct Kernels {
     pre_i16: CudaFunction,
     pre_u16: CudaFunction,
     pre_f32: CudaFunction,
+    gather: CudaFunction,
     argmax: CudaFunction,
 }
 
@@ -92,6 +93,7 @@ impl Kernels {
             pre_i16: f(&pre, "preprocess_i16")?,
             pre_u16: f(&pre, "preprocess_u16")?,
             pre_f32: f(&pre, "preprocess_f32")?,
+            gather: f(&pre, "gather_patches")?,
             argmax: f(&arg, "argmax_confidence")?,
             ctx,
             stream,
@@ -210,6 +212,165 @@ impl Kernels {
         // SAFETY: the arguments match `argmax_confidence` in argmax.cu (a float pointer, four ints,
         // a uint pointer, a float pointer); `scores` holds n * k * pixels values and `cls`, `conf`
         // n * pixels each (checked above), and threads past n * pixels return at once.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(m32)) }.map_err(driver("cuLaunchKernel argmax"))?;
+        Ok(())
+    }
+
+    /// [`Kernels::preprocess`] from `raw` (a tile of `T` in `interleave`) into the device memory
+    /// at `out`, which need not be a [`CudaSlice`]: the input tensor ONNX Runtime bound.
+    ///
+    /// # Safety
+    /// `out` must point to at least `lines * samples * bands` float32 values of device memory of
+    /// this context, not read or written by another stream until this stream has run the kernel.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn preprocess_into<T: DeviceSample>(
+        &self,
+        raw: &cudarc::driver::CudaView<'_, T>,
+        interleave: Interleave,
+        swap: bool,
+        (lines, samples, bands): (usize, usize, usize),
+        mean: &CudaSlice<f32>,
+        inv_std: &CudaSlice<f32>,
+        out: u64,
+    ) -> Result<(), GpuError> {
+        let n = lines * samples * bands;
+        let bad = |message: String| GpuError::Shape {
+            kernel: T::KERNEL,
+            message,
+        };
+        if raw.len() < n || mean.len() < bands || inv_std.len() < bands {
+            return Err(bad(format!(
+                "a {lines} x {samples} x {bands} tile needs {n} raw values and {bands} means and scales; \
+                 got {}, {} and {}",
+                raw.len(),
+                mean.len(),
+                inv_std.len()
+            )));
+        }
+        let dim = |v: usize| i32::try_from(v).map_err(|_| bad(format!("{v} does not fit a 32-bit index")));
+        let (l, s, b) = (dim(lines)?, dim(samples)?, dim(bands)?);
+        let n32 = u32::try_from(n).map_err(|_| bad(format!("{n} values do not fit one launch")))?;
+        let il: i32 = match interleave {
+            Interleave::Bsq => 0,
+            Interleave::Bil => 1,
+            Interleave::Bip => 2,
+        };
+        let sw = i32::from(swap);
+        let func = match T::KERNEL {
+            "preprocess_i16" => &self.pre_i16,
+            "preprocess_u16" => &self.pre_u16,
+            _ => &self.pre_f32,
+        };
+        let mut launch = self.stream.launch_builder(func);
+        launch
+            .arg(raw)
+            .arg(&il)
+            .arg(&sw)
+            .arg(&l)
+            .arg(&s)
+            .arg(&b)
+            .arg(mean)
+            .arg(inv_std)
+            .arg(&out);
+        // SAFETY: the arguments match the kernel's signature (a T pointer, five ints, two float
+        // pointers, a float pointer passed as its 64-bit address); `raw`, `mean` and `inv_std`
+        // were checked above, `out` holds n floats by this function's contract, and threads past
+        // n return before touching memory.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(n32)) }.map_err(driver("cuLaunchKernel preprocess"))?;
+        Ok(())
+    }
+
+    /// The `[n][bands][p][p]` patches of output pixels `first .. first + n` of a tile `tw` wide,
+    /// from its planar window (`bands x wh x ww`), into the device memory at `out`
+    /// ([`super::reference::gather_patches`]).
+    ///
+    /// # Safety
+    /// `out` must point to at least `n * bands * p * p` float32 values of device memory of this
+    /// context, not used by another stream until this stream has run the kernel.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gather_patches_into(
+        &self,
+        window: &CudaSlice<f32>,
+        (bands, wh, ww): (usize, usize, usize),
+        p: usize,
+        tw: usize,
+        first: usize,
+        n: usize,
+        out: u64,
+    ) -> Result<(), GpuError> {
+        let bad = |message: String| GpuError::Shape {
+            kernel: "gather_patches",
+            message,
+        };
+        let last = first + n;
+        let fits = tw > 0 && tw - 1 + p <= ww && (last == 0 || (last - 1) / tw + p <= wh);
+        if window.len() < bands * wh * ww || !fits {
+            return Err(bad(format!(
+                "patches {first}..{last} of a tile {tw} wide at p = {p} do not lie in a {bands} x {wh} x {ww} \
+                 window of {} values",
+                window.len()
+            )));
+        }
+        let total = n * bands * p * p;
+        let dim = |v: usize| i32::try_from(v).map_err(|_| bad(format!("{v} does not fit a 32-bit index")));
+        let args = [dim(bands)?, dim(wh)?, dim(ww)?, dim(p)?, dim(tw)?, dim(first)?, dim(n)?];
+        let t32 = u32::try_from(total).map_err(|_| bad(format!("{total} values do not fit one launch")))?;
+        let mut launch = self.stream.launch_builder(&self.gather);
+        launch.arg(window);
+        for a in &args {
+            launch.arg(a);
+        }
+        launch.arg(&out);
+        // SAFETY: the arguments match `gather_patches` in preprocess.cu (a float pointer, seven
+        // ints, a float pointer as its address); every patch lies inside the window (checked
+        // above), `out` holds n * bands * p * p floats by this function's contract, and threads
+        // past that return at once.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(t32)) }.map_err(driver("cuLaunchKernel gather_patches"))?;
+        Ok(())
+    }
+
+    /// [`Kernels::argmax`] over `[n][k][pixels]` scores at device address `scores` (the output
+    /// tensor ONNX Runtime wrote).
+    ///
+    /// # Safety
+    /// `scores` must point to at least `n * k * pixels` float32 values of device memory of this
+    /// context, written before this stream runs the kernel (the session's run has returned).
+    pub unsafe fn argmax_from(
+        &self,
+        scores: u64,
+        (n, k, pixels): (usize, usize, usize),
+        logits: bool,
+        cls: &mut CudaSlice<u32>,
+        conf: &mut CudaSlice<f32>,
+    ) -> Result<(), GpuError> {
+        let bad = |message: String| GpuError::Shape {
+            kernel: "argmax_confidence",
+            message,
+        };
+        let m = n * pixels;
+        if k == 0 || cls.len() < m || conf.len() < m {
+            return Err(bad(format!(
+                "{n} x {k} x {pixels} scores need {m} outputs; got {} and {}",
+                cls.len(),
+                conf.len()
+            )));
+        }
+        let dim = |v: usize| i32::try_from(v).map_err(|_| bad(format!("{v} does not fit a 32-bit index")));
+        let (n32, k32, p32) = (dim(n)?, dim(k)?, dim(pixels)?);
+        let m32 = u32::try_from(m).map_err(|_| bad(format!("{m} pixels do not fit one launch")))?;
+        let lg = i32::from(logits);
+        let mut launch = self.stream.launch_builder(&self.argmax);
+        launch
+            .arg(&scores)
+            .arg(&n32)
+            .arg(&k32)
+            .arg(&p32)
+            .arg(&lg)
+            .arg(cls)
+            .arg(conf);
+        // SAFETY: the arguments match `argmax_confidence` (a float pointer as its address, four
+        // ints, a uint pointer, a float pointer); `scores` holds n * k * pixels values by this
+        // function's contract, `cls` and `conf` n * pixels each (checked above).
         unsafe { launch.launch(LaunchConfig::for_num_elems(m32)) }.map_err(driver("cuLaunchKernel argmax"))?;
         Ok(())
     }

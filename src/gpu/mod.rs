@@ -16,7 +16,9 @@ use serde::Serialize;
 
 pub mod check;
 pub mod kernels;
+pub mod memory;
 pub mod reference;
+pub mod resident;
 
 /// Errors of the GPU path; each names the call or kernel that failed.
 #[derive(Debug, thiserror::Error)]

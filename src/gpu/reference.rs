@@ -108,6 +108,31 @@ pub fn argmax_confidence(scores: &[f32], n: usize, k: usize, pixels: usize, logi
     (cls, conf)
 }
 
+/// The patches of output pixels `first .. first + n` of a tile `tw` wide, from its planar window
+/// `window` (`bands x wh x ww`), as `[n][bands][p][p]`: pixel `q`'s patch starts at window
+/// `(q / tw, q % tw)`.
+#[allow(clippy::too_many_arguments)]
+pub fn gather_patches(
+    window: &[f32],
+    (bands, wh, ww): (usize, usize, usize),
+    p: usize,
+    tw: usize,
+    first: usize,
+    n: usize,
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n * bands * p * p);
+    for q in first..first + n {
+        let (y0, x0) = (q / tw, q % tw);
+        for b in 0..bands {
+            for dy in 0..p {
+                let row = (b * wh + y0 + dy) * ww + x0;
+                out.extend_from_slice(&window[row..row + p]);
+            }
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -56,6 +56,9 @@ pub struct AutoBatch {
     pub pipeline_fixed_bytes: u64,
     /// The cached sweep whose knee capped the batch, when one applied.
     pub knee_file: Option<PathBuf>,
+    /// A GPU provider's device memory: its budget, the fitted device cost, the batch it allows
+    /// and the predicted device peak at the chosen batch.
+    pub device: Option<budget::device::DevicePlan>,
 }
 
 /// The in-run sweep times a batch size only if the scene holds at least this many batches of it
@@ -141,12 +144,22 @@ pub fn auto_batch(
         }
         v
     };
+    // A GPU provider's session holds device memory RSS does not see: each probe's device peak
+    // over what was in use before it is measured beside its host peak.
+    let gpu = graph.device();
+    let device_before = gpu.and_then(|(d, _)| crate::gpu::probe(d as usize).ok().flatten());
+    let device_room = device_before
+        .as_ref()
+        .filter(|d| !d.integrated)
+        .map(|d| gpu.and_then(|(_, l)| l).map_or(d.free_bytes, |l| l.min(d.free_bytes)));
     let sizes: Vec<u64> = match unit {
         Unit::Sample => sample_sizes,
         Unit::Tile => vec![1u64, 4, 8],
     }
     .into_iter()
     .filter(|&b| own.saturating_add(prior.per_unit_bytes.saturating_mul(8 * b)) <= system.budget_bytes)
+    // On a GPU a probe must also fit the device (or the arena's bound) by the same margin.
+    .filter(|&b| device_room.is_none_or(|room| prior.per_unit_bytes.saturating_mul(8 * b) <= room))
     .collect();
     // Calibration runs the real pipeline (producer, queue, engine) for a few batches at each small
     // size on the scene itself, so in-flight batches, the tile window and allocator behaviour are
@@ -154,6 +167,7 @@ pub fn auto_batch(
     // Each probe runs long enough (at least `queue + 3` batches and 2048 samples or 8 tiles) for
     // the runtime's per-thread allocator heaps to reach their steady size.
     let probe_units: u64 = if unit == Unit::Sample { 2048 } else { 8 };
+    let mut device_samples: Vec<(u64, u64)> = Vec::new();
     let mut timed: Vec<SweepPoint> = Vec::new();
     let calibration_started = std::time::Instant::now();
     let calibration = match (scene, sizes.len() >= 2) {
@@ -164,12 +178,20 @@ pub fn auto_batch(
                     ..run.clone()
                 };
                 budget::reset_process_hwm(root)?;
+                let device = match &device_before {
+                    Some(d) => crate::gpu::memory::PeakSampler::start(d.ordinal).ok().flatten(),
+                    None => None,
+                };
                 let (result, sampled) = with_peak_anon(root, || {
                     let batches = (run.queue + 3).max(usize::try_from(probe_units.div_ceil(b)).unwrap_or(1));
                     pipeline::probe(cube, manifest, graph, &opts, batches)
                 });
                 // A batch larger than the scene runs at the scene's size: timed as what it is.
                 let ran = b.min(scene_units);
+                if let Some(d) = device {
+                    let start = d.start_bytes();
+                    device_samples.push((ran, d.stop().saturating_sub(start)));
+                }
                 if let Some(p) = budget::plateau::point_from_runs(ran, &result?) {
                     budget::plateau::put(&mut timed, p);
                 }
@@ -224,6 +246,26 @@ pub fn auto_batch(
                 .saturating_mul(extra_buffers(run.queue, scene_units, b)),
         )
     };
+    let mut device = device_before.map(|d| {
+        let used = d.total_bytes.saturating_sub(d.free_bytes);
+        let samples = std::mem::take(&mut device_samples);
+        if d.integrated {
+            budget::device::DevicePlan::shared(used, samples)
+        } else {
+            let limit = gpu.and_then(|(_, l)| l);
+            // The device path keeps its bound input and output allocated through the run, where
+            // the probes' session frees its copy of the input early: both are charged per unit.
+            let bound = in_bytes + out_bytes;
+            let samples = samples.into_iter().map(|(b, m)| (b, m + bound * b)).collect();
+            budget::device::DevicePlan::discrete(d.free_bytes, limit, used, samples, settings.frag_margin)
+        }
+    });
+    // On an integrated GPU the device's memory is the host's: its line joins the host's cost.
+    let shared = device
+        .as_ref()
+        .filter(|d| d.source == budget::device::DeviceSource::Shared)
+        .cloned();
+    let peak_at = |b: u64| peak_at(b).saturating_add(shared.as_ref().map_or(0, |d| d.added_at(b)));
     let frag_margin_bytes = ((system.budget_bytes as f64) * settings.frag_margin).ceil() as u64;
     let usable = system.budget_bytes.saturating_sub(frag_margin_bytes);
     let (mut lo, mut hi) = (0u64, 1u64 << 48);
@@ -235,7 +277,9 @@ pub fn auto_batch(
             hi = mid - 1;
         }
     }
-    let memory_units = lo;
+    let host_units = lo;
+    let device_units = device.as_ref().map_or(u64::MAX, |d| d.units_safe);
+    let memory_units = host_units.min(device_units);
     let mut choose = ChooseConfig {
         frag_margin: settings.frag_margin,
         max_units: settings.max_units,
@@ -286,6 +330,9 @@ pub fn auto_batch(
         };
     }
     let batch = capped.units;
+    if let Some(d) = device.as_mut() {
+        d.chose(batch, device_units < host_units && limited_by == budget::Limit::Memory);
+    }
     let per_unit_bytes = if batch > 0 {
         (peak_at(batch) - fixed).div_ceil(batch)
     } else {
@@ -323,6 +370,7 @@ pub fn auto_batch(
         run_bytes_per_unit: run_bytes,
         pipeline_fixed_bytes,
         knee_file: knee.map(|(_, p)| p),
+        device,
     })
 }
 
@@ -459,10 +507,23 @@ pub(super) struct BudgetGovernor {
     reserve_bytes: u64,
     last_look: Option<std::time::Instant>,
     pub(super) changes: Vec<Adjustment>,
+    /// A discrete GPU's part of the plan and a reader of its free memory now: the batch is also
+    /// capped where the device's line meets what is free besides what this run holds.
+    device: Option<(budget::device::DevicePlan, DeviceFree)>,
+    /// The batch the device allows now (`u64::MAX` without a device).
+    device_cap: u64,
+    frag_margin: f64,
 }
 
+/// Reads a device's free memory now, bytes (`None` when it cannot be read).
+type DeviceFree = Box<dyn FnMut() -> Option<u64> + Send>;
+
 impl BudgetGovernor {
-    pub(super) fn new(auto: &AutoBatch, settings: &BudgetSettings) -> Result<Self, JobError> {
+    pub(super) fn new(
+        auto: &AutoBatch,
+        settings: &BudgetSettings,
+        gpu_ordinal: Option<usize>,
+    ) -> Result<Self, JobError> {
         let cost = CostModel {
             unit: auto.plan.unit,
             fixed_bytes: auto.plan.fixed_bytes,
@@ -484,6 +545,18 @@ impl BudgetGovernor {
             reserve_bytes: settings.reserve_bytes,
             last_look: None,
             changes: Vec::new(),
+            device: auto
+                .device
+                .clone()
+                .filter(|d| d.source != budget::device::DeviceSource::Shared)
+                .zip(gpu_ordinal)
+                .map(|(d, ordinal)| {
+                    let read: DeviceFree =
+                        Box::new(move || crate::gpu::probe(ordinal).ok().flatten().map(|i| i.free_bytes));
+                    (d, read)
+                }),
+            device_cap: u64::MAX,
+            frag_margin: settings.frag_margin,
         })
     }
 
@@ -529,6 +602,18 @@ impl pipeline::Adapt for BudgetGovernor {
             eprintln!("hsiedge: {c}");
             self.changes.push(c);
         }
-        usize::try_from(self.governor.current()).unwrap_or(current)
+        if let Some((plan, read)) = self.device.as_mut()
+            && let Some(free) = read()
+        {
+            let cap = plan.cap_now(free, current as u64, self.frag_margin);
+            if cap != self.device_cap && (cap < current as u64 || self.device_cap < current as u64) {
+                eprintln!(
+                    "hsiedge: device memory: {} MiB free, the batch is capped at {cap}",
+                    free >> 20
+                );
+            }
+            self.device_cap = cap;
+        }
+        usize::try_from(self.governor.current().min(self.device_cap)).unwrap_or(current)
     }
 }

@@ -89,6 +89,9 @@ pub enum JobError {
     /// A label map of the wrong kind.
     #[error(transparent)]
     LabelsKind(#[from] LabelsError),
+    /// The device-resident path (`--io device`).
+    #[error(transparent)]
+    Resident(#[from] crate::gpu::resident::ResidentError),
 }
 
 /// A label map that cannot be scored against this job's maps.
@@ -286,6 +289,14 @@ pub struct Job {
     out: OutputDir,
     /// Unlinking the files the last write replaced.
     unlinking: Option<std::thread::JoinHandle<()>>,
+    /// The device-resident path's buffers, when batches take it (`--io`).
+    resident: Option<crate::gpu::resident::Resident>,
+    /// Why a CUDA job under `--io auto` runs on the host path.
+    io_fallback: Option<String>,
+    /// What the last device-resident run moved.
+    device_io: Option<crate::gpu::resident::DeviceIo>,
+    /// Device memory in use at the last run's peak (a GPU provider's).
+    device_peak_bytes: Option<u64>,
 }
 
 impl Drop for Job {
@@ -379,6 +390,7 @@ impl Job {
             // The governor's re-cut batches and the partial last batch run padded to a bucket.
             graph.use_buckets(crate::engine::Buckets::up_to(run.batch));
         }
+        let (resident, io_fallback) = device::choose(&cube, &manifest, &mut graph, &run, &runtime)?;
         Ok(Self {
             spec,
             cube,
@@ -395,13 +407,21 @@ impl Job {
             staged: None,
             out,
             unlinking: None,
+            resident,
+            io_fallback,
+            device_io: None,
+            device_peak_bytes: None,
         })
     }
 
     /// Runs the pipeline; `progress` gets each batch's record.
     pub fn infer(&mut self, progress: &mut dyn FnMut(&pipeline::BatchDone)) -> Result<(Maps, RunStats), JobError> {
         let mut governor = match (&self.plan, self.spec.budget.adapt) {
-            (Some(auto), true) => Some(BudgetGovernor::new(auto, &self.spec.budget)?),
+            (Some(auto), true) => Some(BudgetGovernor::new(
+                auto,
+                &self.spec.budget,
+                self.graph.device().map(|(d, _)| d as usize),
+            )?),
             _ => None,
         };
         let adapt = governor.as_mut().map(|g| g as &mut dyn pipeline::Adapt);
@@ -420,6 +440,14 @@ impl Job {
             }
             progress(done);
         };
+        // A GPU provider's device memory, sampled through the run (its peak is inside it); not
+        // while CUDA graphs are captured, which another thread's driver calls may invalidate.
+        let device = match self.graph.device() {
+            Some((d, _)) if !self.runtime.options().gpu.cuda_graph => {
+                crate::gpu::memory::PeakSampler::start(d as usize).ok().flatten()
+            }
+            _ => None,
+        };
         let shape = self.map_shape();
         let (out, manifest, scene) = (&self.out, &self.manifest, self.cube.header());
         // The headers depend only on the run's shape, so they are staged and synced while it runs,
@@ -432,15 +460,23 @@ impl Job {
                 staged.reserve("summary.json")?;
                 Ok(staged)
             });
-            let result = pipeline::run(
-                &self.cube,
-                &self.manifest,
-                &mut self.graph,
-                &self.run,
-                &self.buffers,
-                &mut sampling,
-                adapt,
-            );
+            let result = match &mut self.resident {
+                Some(r) => r
+                    .run(&self.cube, &mut self.graph, &mut sampling)
+                    .map(|(maps, stats, io)| (maps, stats, Some(io)))
+                    .map_err(JobError::from),
+                None => pipeline::run(
+                    &self.cube,
+                    &self.manifest,
+                    &mut self.graph,
+                    &self.run,
+                    &self.buffers,
+                    &mut sampling,
+                    adapt,
+                )
+                .map(|(maps, stats)| (maps, stats, None))
+                .map_err(JobError::from),
+            };
             let staged = headers.join().unwrap_or_else(|_| {
                 Err(MapError::Io {
                     path: out.path().to_path_buf(),
@@ -452,9 +488,21 @@ impl Job {
         // The run's buffers and the session's arena are still held, so the end is sampled too.
         self.peak_anon_bytes = peak.max(anon_bytes(&root)).max(hwm_anon_bound(&root).unwrap_or(0));
         self.adjustments = governor.map(|g| g.changes).unwrap_or_default();
-        let result = result?;
+        self.device_peak_bytes = device.map(|d| d.stop());
+        let (maps, stats, io) = result?;
+        self.device_io = io;
         self.staged = Some(staged?);
-        Ok(result)
+        Ok((maps, stats))
+    }
+
+    /// Whether batches take the device-resident path (`--io`).
+    pub fn device_resident(&self) -> bool {
+        self.resident.is_some()
+    }
+
+    /// What the last device-resident run moved (`None` on the host path).
+    pub fn device_io(&self) -> Option<crate::gpu::resident::DeviceIo> {
+        self.device_io
     }
 
     /// The shape of the maps a run of this job makes.
@@ -516,6 +564,10 @@ impl Job {
             accuracy,
             batch_plan: self.plan.clone(),
             batch_changes: self.adjustments.clone(),
+            io: if self.resident.is_some() { "device" } else { "host" },
+            io_fallback: self.io_fallback.clone(),
+            device_io: self.device_io,
+            device_peak_bytes: self.device_peak_bytes,
         };
         summary.write_s = t0.elapsed().as_secs_f64();
         let json = serde_json::to_vec_pretty(&summary).map_err(|e| crate::map::MapError::Io {
@@ -696,9 +748,19 @@ pub struct Summary {
     pub batch_plan: Option<AutoBatch>,
     /// Batch changes made while running, with their causes.
     pub batch_changes: Vec<Adjustment>,
+    /// Where batches were prepared and reduced: `host` or `device` (`--io`).
+    pub io: &'static str,
+    /// Why a CUDA run under `--io auto` took the host path.
+    pub io_fallback: Option<String>,
+    /// What the device-resident path moved and where its time went.
+    pub device_io: Option<crate::gpu::resident::DeviceIo>,
+    /// Device memory in use at the run's peak, sampled every millisecond (`cuMemGetInfo`: the
+    /// whole device), on a GPU provider: what `batch_plan.device.predicted_peak_bytes` predicts.
+    pub device_peak_bytes: Option<u64>,
 }
 
 mod auto;
+mod device;
 mod plan;
 mod session;
 

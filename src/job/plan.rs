@@ -92,6 +92,26 @@ impl std::fmt::Display for PlanReport {
             Self::Inference(r) => {
                 let (a, rows, wall) = (&r.auto, &r.verify, &r.wall);
                 write!(f, "{}", a.plan)?;
+                if let Some(d) = &a.device {
+                    let mib = |b: u64| b as f64 / 1048576.0;
+                    write!(
+                        f,
+                        "\n  device          {:?}: budget {:.1} MiB (usable {:.1}), {:.1} MiB in use before; a run \
+                         adds {:.1} MiB + {:.2} MiB/unit (fit to {} probes) -> at most {} units{}; predicted \
+                         device peak at batch {}: {:.1} MiB",
+                        d.source,
+                        mib(d.budget_bytes),
+                        mib(d.usable_bytes),
+                        mib(d.used_before_bytes),
+                        mib(d.fixed_bytes),
+                        mib(d.per_unit_bytes),
+                        d.samples.len(),
+                        d.units_safe,
+                        if d.binding { " (binding)" } else { "" },
+                        d.batch,
+                        mib(d.predicted_peak_bytes)
+                    )?;
+                }
                 if let Some(s) = &a.sweep {
                     write!(f, "\n{}", SweepText(s, a.plan.unit))?;
                 }

@@ -183,6 +183,13 @@ impl LineSource for Resumed<'_> {
     }
 }
 
+/// The batch sizes a GPU session's runs are padded to when its scenes run at `batches` (one per
+/// planned scene width): up to the largest, so neither a governor's re-cut batch nor a scene's
+/// partial last batch meets the provider with a new shape. `None` on the CPU, which takes any shape.
+pub fn stream_buckets(on_gpu: bool, batches: &[usize]) -> Option<crate::engine::Buckets> {
+    on_gpu.then(|| crate::engine::Buckets::up_to(batches.iter().copied().max().unwrap_or(1)))
+}
+
 impl ModelSession {
     /// Loads the manifest and builds the session for the chosen mode (dense when the model has a
     /// dense twin and the mode is auto).
@@ -200,8 +207,13 @@ impl ModelSession {
             ModeChoice::Auto if manifest.files.dense.is_some() => Mode::Dense,
             ModeChoice::Auto => Mode::Patch,
         };
-        let runtime = Runtime::new(spec.engine.clone())?;
-        let graph = match mode {
+        // A GPU provider's arena is bounded by the device's free memory, as a job's is.
+        let frag = match &spec.batch {
+            SessionBatch::Auto(settings) => settings.clone(),
+            _ => BudgetSettings::default(),
+        };
+        let runtime = Runtime::new(super::gpu_bounded(&spec.engine, &frag))?;
+        let mut graph = match mode {
             Mode::Patch => runtime.graph(&manifest, Role::Patch, &manifest.patch_path())?,
             Mode::Dense => {
                 let path = manifest.dense_path().ok_or_else(|| PipelineError::NoDense {
@@ -226,6 +238,9 @@ impl ModelSession {
                 (default, Some(state))
             }
         };
+        if let Some(b) = stream_buckets(runtime.provider().on_gpu(), &[batch]) {
+            graph.use_buckets(b);
+        }
         let run = RunOptions {
             mode,
             batch,
@@ -257,6 +272,10 @@ impl ModelSession {
         let plan = self.calibrate(samples, &settings)?;
         if let Some(state) = &mut self.auto {
             state.plans.push((samples, plan.clone()));
+            let batches: Vec<usize> = state.plans.iter().map(|(_, p)| p.batch).collect();
+            if let Some(b) = stream_buckets(self.runtime.provider().on_gpu(), &batches) {
+                self.graph.use_buckets(b);
+            }
         }
         Ok(Some((plan, true)))
     }
@@ -426,7 +445,11 @@ impl ModelSession {
                     ..state.settings.clone()
                 };
                 match settings.adapt {
-                    true => Some(BudgetGovernor::new(&plan.auto, &settings)?),
+                    true => Some(BudgetGovernor::new(
+                        &plan.auto,
+                        &settings,
+                        self.graph.device().map(|(d, _)| d as usize),
+                    )?),
                     false => None,
                 }
             }
@@ -544,7 +567,7 @@ fn write_strip(dir: &Path, manifest: &Manifest, lines: usize, samples: usize) ->
 
 #[cfg(test)]
 mod tests {
-    use super::resume_start;
+    use super::*;
 
     #[test]
     fn a_resume_starts_whole_tile_rows_early_enough_to_read_the_halo_of_its_row() {
@@ -559,5 +582,16 @@ mod tests {
         // No halo: the row itself.
         assert_eq!(resume_start(64, 32, 0), (64, 0));
         assert_eq!(resume_start(70, 32, 0), (64, 6));
+    }
+
+    #[test]
+    fn a_gpu_stream_pads_to_buckets_up_to_its_largest_planned_batch() {
+        assert!(stream_buckets(false, &[16, 64]).is_none(), "the CPU takes any shape");
+        let b = stream_buckets(true, &[16, 64, 8]).unwrap();
+        assert_eq!(b.largest(), 64);
+        // A re-cut batch of 20 and a scene's last batch of 3 run padded.
+        assert_eq!(b.bucket_for(20), Some(32));
+        assert_eq!(b.bucket_for(3), Some(4));
+        assert_eq!(stream_buckets(true, &[]).unwrap().largest(), 1);
     }
 }

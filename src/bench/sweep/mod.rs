@@ -101,6 +101,10 @@ pub fn default_batches(mode: Mode, tile: usize) -> Vec<u64> {
     (0..=top).map(|k| 1u64 << k).collect()
 }
 
+/// The memory line's budget name on a discrete GPU: device memory (total less the fragmentation
+/// margin) against the device memory in use at each size's peak.
+pub const DEVICE_BUDGET: &str = "device_total";
+
 /// One model's sweep: the cached record, the statistics of each size and what they say.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SweepResult {
@@ -271,8 +275,20 @@ impl Bench {
         let mut stats: Vec<PointStats> = Vec::new();
         let mut stopped = "largest batch size asked for".to_string();
         let mut at_wall = false;
-        let own_bytes = job::anon_bytes(&opts.root);
-        let mut budget_at_start: Option<(u64, String)> = None;
+        // On a discrete GPU the memory line is the device's: its memory in use at each size's
+        // peak, against the device's memory less the fragmentation margin.
+        let gpu = graph
+            .device()
+            .and_then(|(d, _)| crate::gpu::probe(d as usize).ok().flatten())
+            .filter(|d| !d.integrated);
+        let own_bytes = match &gpu {
+            Some(d) => d.total_bytes.saturating_sub(d.free_bytes),
+            None => job::anon_bytes(&opts.root),
+        };
+        let mut budget_at_start: Option<(u64, String)> = gpu.as_ref().map(|d| {
+            let usable = (d.total_bytes as f64 * (1.0 - opts.frag_margin)) as u64;
+            (usable, DEVICE_BUDGET.to_string())
+        });
         for &b in sizes {
             let own = job::anon_bytes(&opts.root);
             let system = budget::read_system_budget(
@@ -308,6 +324,10 @@ impl Bench {
                 graph.run(&data, &shape).map_err(JobError::from)?;
                 Ok(t.elapsed().as_secs_f64())
             };
+            let device = match &gpu {
+                Some(d) => crate::gpu::memory::PeakSampler::start(d.ordinal).ok().flatten(),
+                None => None,
+            };
             for _ in 0..opts.warmups.max(1) {
                 run(graph)?;
             }
@@ -328,7 +348,10 @@ impl Bench {
                 }
                 None => (timed(graph)?, None),
             };
-            let rss = job::anon_bytes(&opts.root);
+            let rss = match device {
+                Some(d) => d.stop(),
+                None => job::anon_bytes(&opts.root),
+            };
             drop(data);
             // The arena keeps what this size needed; give it back so the next size is judged on its own.
             graph.shrink_arena_after_next_run();

@@ -118,7 +118,7 @@ fn curve(area: &Area<'_>, r: &SweepResult) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     chart
         .configure_secondary_axes()
-        .y_desc("RssAnon MiB")
+        .y_desc(format!("{} MiB", memory_name(r)))
         .draw()
         .map_err(|e| e.to_string())?;
     if let Some(p) = r.analysis.plateau {
@@ -153,7 +153,7 @@ fn curve(area: &Area<'_>, r: &SweepResult) -> Result<(), String> {
         chart
             .draw_secondary_series(LineSeries::new(mem.clone(), MEMORY.stroke_width(2)))
             .map_err(|e| e.to_string())?
-            .label("RssAnon (MiB, right axis)")
+            .label(format!("{} (MiB, right axis)", memory_name(r)))
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], MEMORY.stroke_width(2)));
         chart
             .draw_secondary_series(mem.iter().map(|&p| Circle::new(p, 3, MEMORY.filled())))
@@ -377,4 +377,13 @@ fn energy_by_mode(area: &Area<'_>, p: &PowerSweep) -> Result<(), String> {
         .border_style(BLACK)
         .draw()
         .map_err(|e| e.to_string())
+}
+
+/// What the memory line measures: device memory in use on a discrete GPU's sweep, else `RssAnon`.
+fn memory_name(r: &super::SweepResult) -> &'static str {
+    if r.analysis.memory.budget_binding == super::DEVICE_BUDGET {
+        "device memory in use"
+    } else {
+        "RssAnon"
+    }
 }
