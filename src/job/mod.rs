@@ -8,7 +8,7 @@ use crate::budget::{self, Adjustment, BudgetConfig, BudgetError, Calibration, Ch
 use crate::cube::{Cube, CubeError};
 use crate::engine::{EngineError, EngineOptions, Graph, Runtime};
 use crate::graph::{self, GraphError, ShapeBindings};
-use crate::map::{Contention, MapError, MapShape, OutputDir, Staged};
+use crate::map::{MapError, MapShape, OutputDir, Staged};
 use crate::model::{Manifest, ModelError, Role, Task};
 use crate::pipeline::{self, Maps, Mode, PipelineError, RunOptions, RunStats};
 
@@ -104,157 +104,6 @@ pub struct LabelsError {
     pub field: &'static str,
     /// Why.
     pub message: String,
-}
-
-/// `--mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ModeChoice {
-    /// Dense when the model has a dense twin, else patch.
-    Auto,
-    /// Force one mode.
-    Fixed(Mode),
-}
-
-/// `--batch`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BatchChoice {
-    /// Chosen by the runtime.
-    Auto,
-    /// Exactly this many.
-    Fixed(usize),
-}
-
-/// A job as given by the user, validated but not yet touching any file.
-#[derive(Debug, Clone, PartialEq)]
-pub struct JobSpec {
-    /// The scene's header or data file.
-    pub scene: PathBuf,
-    /// The model manifest.
-    pub manifest: PathBuf,
-    /// Output folder.
-    pub out: PathBuf,
-    /// What to do when another process is writing `out`.
-    pub contention: Contention,
-    /// Execution mode.
-    pub mode: ModeChoice,
-    /// Batch size.
-    pub batch: BatchChoice,
-    /// Tile side.
-    pub tile: usize,
-    /// Engine settings.
-    pub engine: EngineOptions,
-    /// Optional reference label map for accuracy.
-    pub labels: Option<PathBuf>,
-    /// Keep every output channel in `scores.img`.
-    pub keep_scores: bool,
-    /// How `--batch auto` is bounded.
-    pub budget: BudgetSettings,
-}
-
-/// Settings of the memory budget behind `--batch auto`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BudgetSettings {
-    /// Root of `/proc` and `/sys` (`/` except in tests).
-    pub root: PathBuf,
-    /// Bytes left to the rest of the system.
-    pub reserve_bytes: u64,
-    /// Share of the budget kept for allocator fragmentation.
-    pub frag_margin: f64,
-    /// Largest batch ever chosen (units).
-    pub max_units: u64,
-    /// Batches between budget re-reads while running.
-    pub check_every: u64,
-    /// Adapt the batch while running.
-    pub adapt: bool,
-    /// Folder of cached batch sweeps whose plateau knee caps the batch (`None`: no cap).
-    pub sweep_cache: Option<PathBuf>,
-    /// Without a cached knee, time a few batch sizes before the run and stop at the plateau.
-    pub sweep: bool,
-}
-
-impl BudgetSettings {
-    /// Checks the ranges (no I/O), naming the command-line flag of a value out of range.
-    pub fn validate(&self) -> Result<(), JobError> {
-        let bad = |name: &'static str, value: String, message: &str| {
-            Err(JobError::Setting {
-                name,
-                value,
-                message: message.into(),
-            })
-        };
-        if !(0.0..1.0).contains(&self.frag_margin) {
-            return bad(
-                "--frag-margin",
-                self.frag_margin.to_string(),
-                "expected a share in [0, 1)",
-            );
-        }
-        if self.max_units == 0 {
-            return bad("--max-batch", "0".into(), "expected a whole number >= 1");
-        }
-        if self.check_every == 0 {
-            return bad("check_every", "0".into(), "expected a whole number >= 1");
-        }
-        Ok(())
-    }
-}
-
-impl Default for BudgetSettings {
-    fn default() -> Self {
-        Self {
-            root: PathBuf::from("/"),
-            reserve_bytes: budget::DEFAULT_RESERVE_BYTES,
-            frag_margin: 0.10,
-            max_units: 8192,
-            check_every: 1,
-            adapt: true,
-            sweep_cache: None,
-            sweep: true,
-        }
-    }
-}
-
-/// Parses `auto|dense|patch`.
-pub fn parse_mode(s: &str) -> Result<ModeChoice, JobError> {
-    match s {
-        "auto" => Ok(ModeChoice::Auto),
-        "dense" => Ok(ModeChoice::Fixed(Mode::Dense)),
-        "patch" => Ok(ModeChoice::Fixed(Mode::Patch)),
-        _ => Err(JobError::Setting {
-            name: "--mode",
-            value: s.into(),
-            message: "expected auto, dense or patch".into(),
-        }),
-    }
-}
-
-/// Parses `auto|N` with N >= 1.
-pub fn parse_batch(s: &str) -> Result<BatchChoice, JobError> {
-    if s == "auto" {
-        return Ok(BatchChoice::Auto);
-    }
-    match s.parse::<usize>() {
-        Ok(n) if n >= 1 => Ok(BatchChoice::Fixed(n)),
-        _ => Err(JobError::Setting {
-            name: "--batch",
-            value: s.into(),
-            message: "expected auto or a whole number >= 1".into(),
-        }),
-    }
-}
-
-impl JobSpec {
-    /// Validates settings that need no I/O.
-    pub fn validate(&self) -> Result<(), JobError> {
-        if self.tile == 0 {
-            return Err(JobError::Setting {
-                name: "--tile",
-                value: "0".into(),
-                message: "expected a tile side >= 1".into(),
-            });
-        }
-        self.budget.validate()
-    }
 }
 
 /// A resolved job: scene mapped, manifest loaded, graph built.
@@ -584,74 +433,6 @@ impl Job {
     }
 }
 
-/// Agreement of a class map with a reference label map.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Accuracy {
-    /// The label map.
-    pub labels: PathBuf,
-    /// Pixels with a non-zero label.
-    pub labelled_pixels: usize,
-    /// Of those, predicted correctly.
-    pub correct: usize,
-    /// Overall accuracy, `correct / labelled_pixels`.
-    pub overall_accuracy: f64,
-}
-
-/// Compares `maps` with the ENVI label map at `path` over its labelled (non-zero) pixels.
-pub fn accuracy(maps: &Maps, labels: &Cube) -> Accuracy {
-    let path = labels.header_path();
-    let labels = labels.read_all();
-    let (mut n, mut ok) = (0usize, 0usize);
-    for (truth, pred) in labels.iter().zip(&maps.class_ids) {
-        if *truth > 0.0 {
-            n += 1;
-            if (*truth - f32::from(*pred)).abs() < 0.5 {
-                ok += 1;
-            }
-        }
-    }
-    Accuracy {
-        labels: path.to_path_buf(),
-        labelled_pixels: n,
-        correct: ok,
-        overall_accuracy: if n == 0 { 0.0 } else { ok as f64 / n as f64 },
-    }
-}
-
-/// Opens the label map at `path` for a classification of a `lines x samples` scene by a model of
-/// `task`: one band, the scene's size.
-pub fn open_labels(path: &Path, lines: usize, samples: usize, task: Task) -> Result<Cube, JobError> {
-    let err = |field, message: String| LabelsError {
-        path: path.to_path_buf(),
-        field,
-        message,
-    };
-    if task != Task::Classification {
-        return Err(err(
-            "--labels",
-            format!("scores class maps, and this model's task is {task:?}"),
-        )
-        .into());
-    }
-    let cube = Cube::open(path)?;
-    for w in cube.warnings() {
-        eprintln!("hsiedge: warning: {w}");
-    }
-    if cube.bands() != 1 {
-        return Err(err("bands", format!("a label map has 1 band, this one {}", cube.bands())).into());
-    }
-    if cube.lines() != lines || cube.samples() != samples {
-        return Err(JobError::Labels {
-            path: path.to_path_buf(),
-            got_lines: cube.lines(),
-            got_samples: cube.samples(),
-            lines,
-            samples,
-        });
-    }
-    Ok(cube)
-}
-
 /// The process's peak resident set (`VmHWM`), 0 where `/proc` is unavailable.
 pub fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
@@ -680,93 +461,20 @@ pub fn gpu_bounded(engine: &EngineOptions, budget: &BudgetSettings) -> EngineOpt
     e
 }
 
-/// What a job did, as written to `summary.json` and printed by `--json`.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Summary {
-    /// The output set's run id, also in each map header (`hsiedge run id`) and the quick-look.
-    pub run_id: String,
-    /// Scene header.
-    pub scene: PathBuf,
-    /// Model name.
-    pub model: String,
-    /// Task.
-    pub task: Task,
-    /// Mode used.
-    pub mode: Mode,
-    /// Batch used (patches or tiles).
-    pub batch: usize,
-    /// Tile shape (lines, samples).
-    pub tile: (usize, usize),
-    /// Tiles in the grid.
-    pub tiles: usize,
-    /// Batches run.
-    pub batches: usize,
-    /// Pixels written.
-    pub pixels: usize,
-    /// Pipeline wall time (read, tile, infer, stitch).
-    pub elapsed_s: f64,
-    /// `pixels / elapsed_s`.
-    pub pixels_per_s: f64,
-    /// Time inside the engine.
-    pub inference_s: f64,
-    /// Time the engine waited for input.
-    pub wait_s: f64,
-    /// Time to the first batch's result.
-    pub first_batch_s: f64,
-    /// Time to open scene and model and build the session.
-    pub load_s: f64,
-    /// Time to write the maps.
-    pub write_s: f64,
-    /// Execution provider.
-    pub provider: String,
-    /// Providers preferred over `provider` that did not register, with why (empty: the first
-    /// choice ran).
-    pub provider_fallbacks: Vec<crate::engine::Fallback>,
-    /// The model files' precision.
-    pub precision: crate::engine::Precision,
-    /// The ONNX Runtime library used.
-    pub ort_library: PathBuf,
-    /// Intra-op threads (0 = ONNX Runtime default).
-    pub threads: usize,
-    /// Peak resident set of the process (includes the mapped scene's file pages).
-    pub peak_rss_bytes: u64,
-    /// Peak anonymous memory during inference, sampled every 2 ms: what the memory plan predicts.
-    pub peak_anon_bytes: u64,
-    /// Class map path.
-    pub class_map: Option<PathBuf>,
-    /// Confidence map path.
-    pub confidence_map: Option<PathBuf>,
-    /// Abundance/score map path.
-    pub scores_map: Option<PathBuf>,
-    /// Quick-look path.
-    pub quicklook: PathBuf,
-    /// Pixels whose model output was not finite (see [`Maps::nonfinite_pixels`]).
-    pub nonfinite_pixels: usize,
-    /// Accuracy against `--labels`.
-    pub accuracy: Option<Accuracy>,
-    /// How `--batch auto` chose the batch.
-    pub batch_plan: Option<AutoBatch>,
-    /// Batch changes made while running, with their causes.
-    pub batch_changes: Vec<Adjustment>,
-    /// Where batches were prepared and reduced: `host` or `device` (`--io`).
-    pub io: &'static str,
-    /// Why a CUDA run under `--io auto` took the host path.
-    pub io_fallback: Option<String>,
-    /// What the device-resident path moved and where its time went.
-    pub device_io: Option<crate::gpu::resident::DeviceIo>,
-    /// Device memory in use at the run's peak, sampled every millisecond (`cuMemGetInfo`: the
-    /// whole device), on a GPU provider: what `batch_plan.device.predicted_peak_bytes` predicts.
-    pub device_peak_bytes: Option<u64>,
-}
-
 mod auto;
 mod device;
+mod labels;
 mod plan;
 mod session;
+mod spec;
+mod summary;
 
 pub use auto::*;
+pub use labels::{Accuracy, accuracy, open_labels};
 pub use plan::*;
 pub use session::{
     ModelSession, Resume, STREAM_PRODUCER_NICE, SceneBatch, SceneOutcome, SessionBatch, SessionSpec, StreamPlan,
     resume_start,
 };
+pub use spec::{BatchChoice, BudgetSettings, JobSpec, ModeChoice, parse_batch, parse_mode};
+pub use summary::Summary;
