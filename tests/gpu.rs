@@ -143,15 +143,19 @@ fn cuda_classify_gives_the_cpu_labels_fp32_and_reports_fp16() {
         let s = summary(&ok(&classify_args(&scene, &model, &cpu_out, mode, "cpu")));
         assert_eq!(s["provider"], "CPUExecutionProvider");
         let cpu = std::fs::read(cpu_out.join("class_map.img")).unwrap();
-        for (precision, io) in [
-            ("fp32", "host"),
-            ("fp32", "device"),
-            ("fp16", "host"),
-            ("fp16", "device"),
+        for (precision, io, graph) in [
+            ("fp32", "host", false),
+            ("fp32", "device", false),
+            ("fp32", "device", true),
+            ("fp16", "host", false),
+            ("fp16", "device", false),
         ] {
-            let out = dir.path().join(format!("cuda-{mode}-{precision}-{io}"));
+            let out = dir.path().join(format!("cuda-{mode}-{precision}-{io}-{graph}"));
             let mut args = classify_args(&scene, &model, &out, mode, "cuda");
             args.extend(["--precision", precision, "--io", io]);
+            if graph {
+                args.push("--cuda-graph");
+            }
             let s = summary(&ok(&args));
             assert_eq!(s["provider"], "CUDAExecutionProvider");
             assert_eq!(s["io"], io, "{s}");
@@ -168,11 +172,14 @@ fn cuda_classify_gives_the_cpu_labels_fp32_and_reports_fp16() {
             let same = got.iter().zip(&cpu).filter(|(a, b)| a == b).count();
             let agreement = same as f64 / cpu.len() as f64;
             eprintln!(
-                "GPU-RESULT agreement mode={mode} precision={precision} io={io} {agreement:.6} ({same} of {})",
+                "GPU-RESULT agreement mode={mode} precision={precision} io={io} cuda_graph={graph} {agreement:.6} ({same} of {})",
                 cpu.len()
             );
             if precision == "fp32" {
-                assert!(agreement >= 0.999, "{mode} fp32 agreement {agreement}");
+                assert!(
+                    agreement >= 0.999,
+                    "{mode} fp32 cuda_graph={graph} agreement {agreement}"
+                );
             }
         }
     }

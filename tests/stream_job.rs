@@ -321,3 +321,62 @@ fn a_scene_resumed_after_its_committed_segments_gives_the_segments_an_uninterrup
         }
     }
 }
+
+/// The first `n` lines of an unannounced source: a sensor that sends a scene again shorter.
+struct Cut {
+    inner: Unannounced,
+    left: usize,
+}
+
+impl LineSource for Cut {
+    fn info(&self) -> &SceneInfo {
+        self.inner.info()
+    }
+
+    fn next_line(&mut self, line: &mut [u8]) -> Result<Option<LineStatus>, SourceError> {
+        if self.left == 0 {
+            return Ok(None);
+        }
+        self.left -= 1;
+        self.inner.next_line(line)
+    }
+
+    fn stats(&self) -> SourceStats {
+        self.inner.stats()
+    }
+}
+
+#[test]
+fn a_scene_sent_again_shorter_than_its_committed_segments_is_an_error_not_a_finished_scene() {
+    use hsiedge::job::Resume;
+    let (Some(data), Some(model)) = (data(), common::model("hybridsn_salinas_a")) else {
+        return;
+    };
+    let scene = data.join("salinas_a/salinas_a.hdr");
+    let dir = tempfile::tempdir().unwrap();
+    let opts = SegmentOptions {
+        segment_lines: 20,
+        keep_scores: false,
+    };
+    let mut s = session(&model, Mode::Dense, 2);
+    let open = || Unannounced::new(FileSource::open(&scene, None).unwrap(), &[]);
+    let full = s
+        .run_stream(&mut open(), &dir.path().join("full"), opts, &mut |_| {})
+        .unwrap();
+    // Four segments (80 lines) were committed; the scene comes again with 70 lines, then 80.
+    let resume = Resume {
+        segments: full.segments[..4].to_vec(),
+    };
+    for lines in [70, 80] {
+        let mut cut = Cut {
+            inner: open(),
+            left: lines,
+        };
+        let again = dir.path().join(format!("again-{lines}"));
+        let err = s
+            .run_stream_resumed(&mut cut, &again, opts, &resume, &mut |_| {}, &mut |_, _| {})
+            .unwrap_err();
+        let msg = format!("{err:#}");
+        assert!(msg.contains("ended at or before line 80"), "{lines}: {msg}");
+    }
+}

@@ -242,7 +242,13 @@ pub fn prune(state: &Path) -> Result<usize, DaemonError> {
             }
             continue;
         }
-        let keep = matches!(read(&path), Ok(Some(r)) if resumable(state, &r.folder));
+        // A journal that cannot be read now (an I/O error) is kept with its input: only one
+        // read whole and found finished or orphaned is removed.
+        let keep = match read(&path) {
+            Ok(Some(r)) => resumable(state, &r.folder),
+            Ok(None) => false,
+            Err(_) => true,
+        };
         if !keep {
             remove_input(&path);
             remove_if_there(&path)?;
@@ -337,8 +343,28 @@ pub fn find(state: &Path, outbox: &Path, key: &SceneKey) -> Option<(Journal, Pat
         if open.contains(&path) {
             continue;
         }
+        // Read again under the lock: a worker may have finished the scene (and removed its
+        // journal) since the read above, and a journal is rewritten only from what it holds now.
+        let Ok(Some(r)) = read(&path) else { continue };
+        if r.key != *key || !r.resumable() || r.folder.parent() != Some(outbox) {
+            continue;
+        }
         // A torn last line is cut off before records are appended after it.
-        let Ok(file) = rewrite(&path, &r) else { continue };
+        let file = match rewrite(&path, &r) {
+            Ok(file) => file,
+            Err(e) => {
+                super::log::event(
+                    "warning",
+                    &format!(
+                        "scene `{}`: its journal {} cannot be rewritten ({e}); the scene runs from its first line",
+                        key.scene_id,
+                        path.display()
+                    ),
+                    serde_json::json!({"scene_id": key.scene_id, "path": path}),
+                );
+                continue;
+            }
+        };
         open.insert(path.clone());
         drop(open);
         let resume = Resume {

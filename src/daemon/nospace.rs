@@ -30,8 +30,17 @@ pub fn storage_full(e: &(dyn std::error::Error + 'static)) -> bool {
 /// Bytes a segment of `lines` lines `samples` wide takes in the outbox, with room for its
 /// headers, quick-look and summary: what the file system must have free before the scene goes on.
 pub fn segment_bytes(lines: usize, samples: usize, channels: usize, scores: bool) -> u64 {
-    let per_pixel = 1 + 4 + if scores { 4 * channels } else { 0 };
-    (lines * samples * per_pixel) as u64 + (1 << 20)
+    // Saturating: `lines` may be a sensor's announced count, and an absurd one must ask for
+    // more space than there is, not wrap to a little.
+    let per_pixel = 5u64.saturating_add(if scores {
+        4u64.saturating_mul(channels as u64)
+    } else {
+        0
+    });
+    (lines as u64)
+        .saturating_mul(samples as u64)
+        .saturating_mul(per_pixel)
+        .saturating_add(1 << 20)
 }
 
 /// Waits until the file system of `folder` has `needed` bytes free (or `give_up` says stop),
@@ -46,7 +55,24 @@ pub fn wait_for_space(
     give_up: &dyn Fn() -> bool,
 ) -> bool {
     let mib = |b: u64| b as f64 / f64::from(1 << 20);
-    let free = || crate::ffi::available_bytes(folder).unwrap_or(0);
+    // A file system that cannot say what it has free counts as full, and says why once.
+    let warned = std::cell::Cell::new(false);
+    let free = || match crate::ffi::available_bytes(folder) {
+        Ok(b) => b,
+        Err(e) => {
+            if !warned.replace(true) {
+                log::event(
+                    "warning",
+                    &format!(
+                        "scene `{scene_id}`: the free space of {} cannot be read ({e})",
+                        folder.display()
+                    ),
+                    serde_json::json!({"scene_id": scene_id, "path": folder}),
+                );
+            }
+            0
+        }
+    };
     let why = |free: u64| {
         format!(
             "scene `{scene_id}`: no space left in {} ({:.2} MiB free, {:.2} MiB needed for its next segment); \

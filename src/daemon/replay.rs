@@ -28,6 +28,9 @@ pub struct Recorded<'a> {
     file: Option<(std::fs::File, PathBuf)>,
     lines: usize,
     ended: bool,
+    /// A line read was not recorded (a write failed, or a gap the recording cannot represent):
+    /// the recording no longer holds the scene's lines in order and must not be read back.
+    broken: bool,
 }
 
 impl<'a> Recorded<'a> {
@@ -45,12 +48,14 @@ impl<'a> Recorded<'a> {
                 None
             }
         };
+        let broken = file.is_none();
         Self {
             inner,
             journal,
             file,
             lines: 0,
             ended: false,
+            broken,
         }
     }
 
@@ -82,19 +87,22 @@ impl<'a> Recorded<'a> {
                 None
             }
         };
+        let broken = file.is_none();
         let rec = Self {
             inner,
             journal,
             file,
             lines: n,
             ended: false,
+            broken,
         };
         Ok((part, rec))
     }
 
-    /// Lines recorded so far.
-    pub fn recorded(&self) -> usize {
-        self.lines
+    /// Lines recorded so far, all of them in order from the first; `None` once a line read was
+    /// not recorded, so the recording cannot stand in for the lines read.
+    pub fn recorded(&self) -> Option<usize> {
+        (!self.broken).then_some(self.lines)
     }
 
     fn record(&mut self, line: &[u8]) {
@@ -103,8 +111,16 @@ impl<'a> Recorded<'a> {
             Ok(()) => self.lines += 1,
             Err(e) => {
                 warn(&self.inner.info().id, path, &e);
-                self.file = None;
+                self.stop();
             }
+        }
+    }
+
+    /// Recording stops for good: what was written is never read back as the scene.
+    fn stop(&mut self) {
+        self.broken = true;
+        if let Some((_, part)) = self.file.take() {
+            let _ = std::fs::remove_file(part);
         }
     }
 
@@ -168,6 +184,21 @@ impl LineSource for Recorded<'_> {
     fn next_line(&mut self, line: &mut [u8]) -> Result<Option<LineStatus>, SourceError> {
         let got = self.inner.next_line(line)?;
         match got {
+            Some(LineStatus::Missing) if !self.broken => {
+                // A recorded line reads back as received: a gap would be classified from
+                // whatever the buffer held, not left unclassified as the live run leaves it.
+                log::event(
+                    "warning",
+                    &format!(
+                        "scene `{}`: line {} never arrived; the scene's input is no longer recorded (a recording cannot \
+                         hold a gap), so a kill now needs the sensor to send it again",
+                        self.inner.info().id,
+                        self.lines
+                    ),
+                    serde_json::json!({"scene_id": self.inner.info().id, "line": self.lines}),
+                );
+                self.stop();
+            }
             Some(_) => {
                 self.record(line);
                 if self.inner.info().lines == Some(self.lines) {
@@ -302,5 +333,64 @@ pub fn submit_recorded(state: &std::path::Path, shared: Arc<Shared>) {
             &format!("starting the replay of recorded scenes: {e}"),
             serde_json::Value::Null,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::daemon::journal::SceneKey;
+
+    /// A source whose second line never arrived.
+    struct Gap {
+        inner: FileSource,
+        at: usize,
+    }
+
+    impl LineSource for Gap {
+        fn info(&self) -> &SceneInfo {
+            self.inner.info()
+        }
+
+        fn next_line(&mut self, line: &mut [u8]) -> Result<Option<LineStatus>, SourceError> {
+            let got = self.inner.next_line(line)?;
+            let got = got.map(|s| if self.at == 1 { LineStatus::Missing } else { s });
+            self.at += usize::from(got.is_some());
+            Ok(got)
+        }
+
+        fn stats(&self) -> SourceStats {
+            self.inner.stats()
+        }
+    }
+
+    #[test]
+    fn a_gap_stops_the_recording_so_it_is_never_read_back_as_the_scene() {
+        let t = tempfile::tempdir().unwrap();
+        let hdr = t.path().join("s.hdr");
+        std::fs::write(
+            &hdr,
+            "ENVI\nsamples = 4\nlines = 3\nbands = 2\nheader offset = 0\ndata type = 4\ninterleave = bil\nbyte order = 0\n",
+        )
+        .unwrap();
+        std::fs::write(t.path().join("s.img"), vec![0u8; 4 * 3 * 2 * 4]).unwrap();
+        let mut gap = Gap {
+            inner: FileSource::open(&hdr, Some("s")).unwrap(),
+            at: 0,
+        };
+        let folder = t.path().join("outbox/s");
+        std::fs::create_dir_all(&folder).unwrap();
+        let key = SceneKey::of(gap.info(), "m", 0);
+        let journal = Mutex::new(Journal::create(&t.path().join("state"), &key, &folder).unwrap());
+        let mut line = vec![0u8; gap.info().line_bytes()];
+        let mut rec = Recorded::new(&mut gap, &journal);
+        assert_eq!(rec.next_line(&mut line).unwrap(), Some(LineStatus::Received));
+        assert_eq!(rec.recorded(), Some(1));
+        assert_eq!(rec.next_line(&mut line).unwrap(), Some(LineStatus::Missing));
+        assert_eq!(rec.recorded(), None);
+        while rec.next_line(&mut line).unwrap().is_some() {}
+        assert_eq!(rec.recorded(), None);
+        let (img, _) = lock(&journal).input();
+        assert!(!img.exists() && !img.with_extension("part").exists());
     }
 }

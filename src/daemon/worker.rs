@@ -398,9 +398,8 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                         )
                     });
                     drop(rewound);
-                    let lines = recorded
-                        .as_ref()
-                        .map_or(recorded_before.unwrap_or(0), Recorded::recorded);
+                    // `None`: lines were read that the recording does not hold in order.
+                    let lines = recorded.as_ref().map_or(recorded_before, Recorded::recorded);
                     (result, lines)
                 };
                 match result {
@@ -424,7 +423,21 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                             break Err(e);
                         }
                         if !durable {
-                            recorded_before = Some(recorded_lines);
+                            // Lines already read from the connection are not sent again: going
+                            // on without all of them in the recording would shift the scene.
+                            let Some(n) = recorded_lines else {
+                                log::event(
+                                    "error",
+                                    &format!(
+                                        "scene `{}`: its input was not recorded whole, so it cannot go on after the \
+                                         pause for space; the sensor must send it again",
+                                        info.id
+                                    ),
+                                    serde_json::json!({"scene_id": info.id}),
+                                );
+                                break Err(e);
+                            };
+                            recorded_before = Some(n);
                         }
                         resume = Resume {
                             segments: journalled

@@ -67,7 +67,8 @@ pub fn enqueue(
                     log::event(
                         "delivery_full",
                         &format!(
-                            "scene `{}` segment {}: committed, waiting for room in the delivery queue                              ({} of {} segments not yet acknowledged by every sink)",
+                            "scene `{}` segment {}: committed, waiting for room in the delivery queue \
+                             ({} of {} segments not yet acknowledged by every sink)",
                             info.id, s.index, st.queued, st.max
                         ),
                         serde_json::json!({"scene_id": info.id, "segment": s.index, "delivery": st}),

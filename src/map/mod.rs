@@ -47,6 +47,16 @@ pub enum MapError {
         /// The scene id.
         scene: String,
     },
+    /// A resumed scene ended at or before the line its committed segments reach.
+    #[error(
+        "scene `{scene}` ended at or before line {line}, where its segments committed before a restart reach: it is not the scene that was cut off"
+    )]
+    EndedBeforeResume {
+        /// The scene id.
+        scene: String,
+        /// The first line not committed before.
+        line: usize,
+    },
     /// The PNG encoder failed.
     #[error("{path}: PNG encoding failed: {message}")]
     Png {

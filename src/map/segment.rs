@@ -71,6 +71,8 @@ pub struct SegmentWriter<'m> {
     on_commit: Option<OnCommit<'m>>,
     /// Output lines still to drop before the first kept one (a resumed scene's halo rows).
     skip: usize,
+    /// The scene line a resumed writer went on from (`None`: not resumed).
+    resumed_at: Option<usize>,
 }
 
 struct Segment {
@@ -111,6 +113,7 @@ impl<'m> SegmentWriter<'m> {
             extra: serde_json::Value::Object(Default::default()),
             on_commit: None,
             skip: 0,
+            resumed_at: None,
         }
     }
 
@@ -129,6 +132,7 @@ impl<'m> SegmentWriter<'m> {
     ) -> Self {
         let next_line = done.last().map_or(0, |d| d.first_line + d.lines);
         Self {
+            resumed_at: (!done.is_empty()).then_some(next_line),
             done,
             next_line,
             skip,
@@ -303,6 +307,16 @@ impl<'m> SegmentWriter<'m> {
         if self.next_line == 0 {
             return Err(MapError::Empty {
                 scene: self.scene_id.clone(),
+            });
+        }
+        // A resumed scene sent again shorter than its committed segments: none of them may be
+        // marked last, and the scene is not the one that was cut off.
+        if let Some(line) = self.resumed_at
+            && self.next_line <= line
+        {
+            return Err(MapError::EndedBeforeResume {
+                scene: self.scene_id.clone(),
+                line,
             });
         }
         self.close(true)?;

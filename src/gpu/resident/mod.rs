@@ -204,11 +204,14 @@ impl Resident {
                 message: e.to_string(),
             }
         };
+        let ort_device = i32::try_from(device_id).map_err(|_| ResidentError::Unsupported {
+            what: format!("CUDA device id {device_id} is out of range"),
+        })?;
         let k = Kernels::new(device_id as usize)?;
         let session = graph.session_mut();
         let info = MemoryInfo::new(
             AllocationDevice::CUDA,
-            i32::try_from(device_id).unwrap_or(0),
+            ort_device,
             AllocatorType::Device,
             MemoryType::Default,
         )
@@ -260,6 +263,7 @@ impl Resident {
             ids: manifest
                 .outputs
                 .iter()
+                // The manifest's validation keeps class ids within 1..=255.
                 .map(|o| u8::try_from(o.id).unwrap_or(0))
                 .collect(),
             patch: manifest.patch,
