@@ -273,6 +273,13 @@ impl Job {
             )?),
             _ => None,
         };
+        if self.resident.is_some() && governor.is_some() {
+            // Its input and output are bound once at the planned batch, which the plan charged.
+            eprintln!(
+                "hsiedge: note: device I/O path: the batch stays at the planned {}; the budget governor does not re-cut it",
+                self.run.batch
+            );
+        }
         let adapt = governor.as_mut().map(|g| g as &mut dyn pipeline::Adapt);
         let root = self.spec.budget.root.clone();
         // The high-water mark then bounds this run's peak, not an earlier calibration's.
