@@ -110,6 +110,35 @@ impl Kernels {
         &self.stream
     }
 
+    /// What both preprocess launches pass besides their buffers: the kernel for `T`, its integer
+    /// arguments (interleave code, byte swap, lines, samples, bands) and the launch size.
+    fn preprocess_setup<T: DeviceSample>(
+        &self,
+        interleave: Interleave,
+        swap: bool,
+        (lines, samples, bands): (usize, usize, usize),
+    ) -> Result<(&CudaFunction, [i32; 5], u32), GpuError> {
+        let bad = |message: String| GpuError::Shape {
+            kernel: T::KERNEL,
+            message,
+        };
+        let n = lines * samples * bands;
+        let dim = |v: usize| i32::try_from(v).map_err(|_| bad(format!("{v} does not fit a 32-bit index")));
+        let (l, s, b) = (dim(lines)?, dim(samples)?, dim(bands)?);
+        let n32 = u32::try_from(n).map_err(|_| bad(format!("{n} values do not fit one launch")))?;
+        let il: i32 = match interleave {
+            Interleave::Bsq => 0,
+            Interleave::Bil => 1,
+            Interleave::Bip => 2,
+        };
+        let func = match T::KERNEL {
+            "preprocess_i16" => &self.pre_i16,
+            "preprocess_u16" => &self.pre_u16,
+            _ => &self.pre_f32,
+        };
+        Ok((func, [il, i32::from(swap), l, s, b], n32))
+    }
+
     /// Normalises a raw tile of `(lines, samples, bands)` into planar float32 `out`
     /// ([`super::reference::preprocess`]); `swap` when the data's byte order is not the device's.
     #[allow(clippy::too_many_arguments)]
@@ -138,20 +167,7 @@ impl Kernels {
                 inv_std.len()
             )));
         }
-        let dim = |v: usize| i32::try_from(v).map_err(|_| bad(format!("{v} does not fit a 32-bit index")));
-        let (l, s, b) = (dim(lines)?, dim(samples)?, dim(bands)?);
-        let n32 = u32::try_from(n).map_err(|_| bad(format!("{n} values do not fit one launch")))?;
-        let il: i32 = match interleave {
-            Interleave::Bsq => 0,
-            Interleave::Bil => 1,
-            Interleave::Bip => 2,
-        };
-        let sw = i32::from(swap);
-        let func = match T::KERNEL {
-            "preprocess_i16" => &self.pre_i16,
-            "preprocess_u16" => &self.pre_u16,
-            _ => &self.pre_f32,
-        };
+        let (func, [il, sw, l, s, b], n32) = self.preprocess_setup::<T>(interleave, swap, (lines, samples, bands))?;
         let mut launch = self.stream.launch_builder(func);
         launch
             .arg(raw)
@@ -247,20 +263,7 @@ impl Kernels {
                 inv_std.len()
             )));
         }
-        let dim = |v: usize| i32::try_from(v).map_err(|_| bad(format!("{v} does not fit a 32-bit index")));
-        let (l, s, b) = (dim(lines)?, dim(samples)?, dim(bands)?);
-        let n32 = u32::try_from(n).map_err(|_| bad(format!("{n} values do not fit one launch")))?;
-        let il: i32 = match interleave {
-            Interleave::Bsq => 0,
-            Interleave::Bil => 1,
-            Interleave::Bip => 2,
-        };
-        let sw = i32::from(swap);
-        let func = match T::KERNEL {
-            "preprocess_i16" => &self.pre_i16,
-            "preprocess_u16" => &self.pre_u16,
-            _ => &self.pre_f32,
-        };
+        let (func, [il, sw, l, s, b], n32) = self.preprocess_setup::<T>(interleave, swap, (lines, samples, bands))?;
         let mut launch = self.stream.launch_builder(func);
         launch
             .arg(raw)
