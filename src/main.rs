@@ -128,6 +128,9 @@ enum Command {
         /// Random seed.
         #[arg(long, default_value_t = 1)]
         seed: u64,
+        /// Write int16 samples (a sensor's digital numbers) instead of float32.
+        #[arg(long)]
+        int16: bool,
     },
     /// Replay a cube as a pushbroom sensor's line stream (docs/stream-protocol.md) to a receiver.
     SimulateSensor {
@@ -347,6 +350,7 @@ fn run(cli: Cli) -> Result<()> {
             samples,
             fields,
             seed,
+            int16,
         } => {
             let manifest = hsiedge::model::Manifest::load(&model)?;
             let opts = hsiedge::simulate::SimulateOptions {
@@ -354,6 +358,7 @@ fn run(cli: Cli) -> Result<()> {
                 samples,
                 fields,
                 seed,
+                int16,
             };
             let s = hsiedge::simulate::simulate(&manifest, &opts, &out)?;
             println!("SYNTHETIC scene {} (labels {})", s.scene.display(), s.labels.display());

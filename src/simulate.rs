@@ -52,6 +52,9 @@ pub struct SimulateOptions {
     pub fields: usize,
     /// Random seed.
     pub seed: u64,
+    /// Sample type of the cube: float32, or int16 as a sensor's digital numbers (rounded,
+    /// saturated at the type's range).
+    pub int16: bool,
 }
 
 /// Paths of a simulated scene.
@@ -63,7 +66,7 @@ pub struct SimulatedScene {
     pub labels: PathBuf,
 }
 
-/// Writes `scene.hdr/.img` (float32, BIL) and `labels.hdr/.img` (ENVI classification) into `dir`.
+/// Writes `scene.hdr/.img` (float32 or int16, BIL) and `labels.hdr/.img` (ENVI classification) into `dir`.
 pub fn simulate(manifest: &Manifest, opts: &SimulateOptions, dir: &Path) -> Result<SimulatedScene, SimulateError> {
     if manifest.task != Task::Classification {
         return Err(SimulateError::NotClassification {
@@ -130,12 +133,19 @@ pub fn simulate(manifest: &Manifest, opts: &SimulateOptions, dir: &Path) -> Resu
     }
     let out = crate::map::OutputDir::lock(dir, crate::map::Contention::Fail)?;
     let mut staged = Staged::new(&out)?;
-    let mut h = Header::new(samples, lines, bands, DataType::F32, Interleave::Bil);
+    let dt = if opts.int16 { DataType::I16 } else { DataType::F32 };
+    let mut h = Header::new(samples, lines, bands, dt, Interleave::Bil);
     h.description = Some(format!(
         "SYNTHETIC scene drawn by hsiedge simulate from the class statistics of model {} (seed {})",
         manifest.name, opts.seed
     ));
-    staged.add("scene.img", &encode_f32(&cube))?;
+    let bytes = if opts.int16 {
+        // `as` rounds towards zero and saturates; round first to keep the nearest number.
+        cube.iter().flat_map(|v| (v.round() as i16).to_le_bytes()).collect()
+    } else {
+        encode_f32(&cube)
+    };
+    staged.add("scene.img", &bytes)?;
     let scene = staged.add("scene.hdr", h.to_text().as_bytes())?;
     let maps = crate::pipeline::Maps {
         lines,

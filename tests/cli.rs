@@ -640,6 +640,67 @@ fn simulate_writes_a_labelled_synthetic_scene() {
 }
 
 #[test]
+fn simulate_int16_writes_the_float_scene_rounded_to_digital_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny();
+    let sim = |name: &str, extra: &[&str]| {
+        let out = dir.path().join(name);
+        let mut args = vec![
+            "simulate",
+            "--model",
+            model.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--lines",
+            "9",
+            "--samples",
+            "11",
+            "--seed",
+            "7",
+        ];
+        args.extend_from_slice(extra);
+        ok(&args);
+        out
+    };
+    let (f, i) = (sim("f32", &[]), sim("i16", &["--int16"]));
+    let hf = std::fs::read_to_string(f.join("scene.hdr")).unwrap();
+    let hi = std::fs::read_to_string(i.join("scene.hdr")).unwrap();
+    assert!(hf.contains("data type = 4"), "{hf}");
+    assert!(hi.contains("data type = 2"), "{hi}");
+    let floats: Vec<f32> = std::fs::read(f.join("scene.img"))
+        .unwrap()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
+    let ints: Vec<i16> = std::fs::read(i.join("scene.img"))
+        .unwrap()
+        .chunks_exact(2)
+        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    assert_eq!(floats.len(), ints.len());
+    for (k, (&v, &n)) in floats.iter().zip(&ints).enumerate() {
+        assert_eq!(v.round() as i16, n, "sample {k}: {v} written as {n}");
+    }
+    assert_eq!(
+        std::fs::read(f.join("labels.img")).unwrap(),
+        std::fs::read(i.join("labels.img")).unwrap(),
+        "the same seed draws the same labels"
+    );
+    // The int16 scene classifies like any other cube.
+    let o = dir.path().join("o");
+    let s = summary(&ok(&[
+        "classify",
+        i.join("scene.hdr").to_str().unwrap(),
+        "--model",
+        tiny().to_str().unwrap(),
+        "--out",
+        o.to_str().unwrap(),
+        "--json",
+    ]));
+    assert_eq!(s["pixels"], 99, "{s}");
+}
+
+#[test]
 fn an_output_folder_that_cannot_be_made_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let scene = tiny_cube(dir.path());

@@ -33,8 +33,10 @@ pub struct DevicePlan {
     pub used_before_bytes: u64,
     /// The fitted line: device bytes a run adds at batch 0 (workspaces, handles)...
     pub fixed_bytes: u64,
-    /// ... and per unit (input, activations, output).
+    /// ... and per unit (input, activations, output), at least the graph's own estimate.
     pub per_unit_bytes: u64,
+    /// The slope the calibration samples gave, before the graph's floor.
+    pub fitted_per_unit_bytes: u64,
     /// What calibration measured: (batch, device bytes added at its peak).
     pub samples: Vec<(u64, u64)>,
     /// The largest batch whose added device memory fits `usable_bytes` (`u64::MAX` when shared).
@@ -99,6 +101,7 @@ impl DevicePlan {
             used_before_bytes: used_before,
             fixed_bytes: fixed,
             per_unit_bytes: per_unit,
+            fitted_per_unit_bytes: per_unit,
             samples,
             units_safe: units_fitting(fixed, per_unit, usable),
             binding: false,
@@ -117,6 +120,7 @@ impl DevicePlan {
             used_before_bytes: used_before,
             fixed_bytes: fixed,
             per_unit_bytes: per_unit,
+            fitted_per_unit_bytes: per_unit,
             samples,
             units_safe: u64::MAX,
             binding: false,
@@ -125,19 +129,40 @@ impl DevicePlan {
         }
     }
 
+    /// Raises the fitted per-unit cost to at least `floor` (what the graph itself says a unit
+    /// holds): small calibration probes can sit inside memory the arena or the driver already
+    /// rounded up, and a slope fitted there must not let a large batch through.
+    pub fn at_least_per_unit(mut self, floor: u64) -> Self {
+        if self.per_unit_bytes < floor {
+            self.per_unit_bytes = floor;
+            if self.source != DeviceSource::Shared {
+                self.units_safe = units_fitting(self.fixed_bytes, floor, self.usable_bytes);
+            }
+        }
+        self
+    }
+
     /// Device bytes a run at `batch` adds.
     pub fn added_at(&self, batch: u64) -> u64 {
         self.fixed_bytes
             .saturating_add(self.per_unit_bytes.saturating_mul(batch))
     }
 
-    /// The largest batch (at least 1) the line fits in the device memory free now (`free`) plus
-    /// what a run at `current` holds of it, less `frag_margin` of that room: the governor's device
-    /// cap while a run goes on (another process taking device memory lowers it).
-    pub fn cap_now(&self, free: u64, current: u64, frag_margin: f64) -> u64 {
-        let room = free.saturating_add(self.added_at(current));
-        let usable = room.saturating_sub((room as f64 * frag_margin).ceil() as u64);
-        units_fitting(self.fixed_bytes, self.per_unit_bytes, usable).max(1)
+    /// The governor's device cap while a run goes on (another process taking device memory lowers
+    /// it), at least 1. The run holds what its largest batch so far needed (`largest`: the arena
+    /// keeps a larger batch's regions after a cut), so a cut is where the line meets the memory
+    /// free now plus that, less `frag_margin`; a cut batch does not shrink its own room and cut
+    /// again. Growth above `current` is only what the memory free now takes on its own, less the
+    /// margin: regions the arena gave back are free memory already and are not counted twice.
+    pub fn cap_now(&self, free: u64, current: u64, largest: u64, frag_margin: f64) -> u64 {
+        let margin = |b: u64| b.saturating_sub((b as f64 * frag_margin).ceil() as u64);
+        let room = free.saturating_add(self.added_at(largest.max(current)));
+        let cap = units_fitting(self.fixed_bytes, self.per_unit_bytes, margin(room)).max(1);
+        if cap <= current {
+            return cap;
+        }
+        let grow = margin(free).checked_div(self.per_unit_bytes).unwrap_or(u64::MAX);
+        cap.min(current.saturating_add(grow)).max(1)
     }
 
     /// Records the batch the plan chose, and whether the device bound it.
@@ -187,12 +212,44 @@ mod tests {
         let g = 1u64 << 30;
         let p = DevicePlan::discrete(10 * g, None, 0, vec![(1, g + g / 4), (8, g + 2 * g)], 0.0);
         // At batch 8 the run holds 3 GiB; 7 GiB free: 10 GiB room -> 36 units.
-        assert_eq!(p.cap_now(7 * g, 8, 0.0), 36);
+        assert_eq!(p.cap_now(7 * g, 8, 8, 0.0), 36);
         // Another process takes 6 GiB: 4 GiB room -> 12 units.
-        assert_eq!(p.cap_now(g, 8, 0.0), 12);
+        assert_eq!(p.cap_now(g, 8, 8, 0.0), 12);
         // Nothing free beyond the run's own: its own batch still fits, never below 1.
-        assert_eq!(p.cap_now(0, 8, 0.0), 8);
-        assert_eq!(p.cap_now(0, 0, 0.5), 1);
+        assert_eq!(p.cap_now(0, 8, 8, 0.0), 8);
+        assert_eq!(p.cap_now(0, 0, 0, 0.5), 1);
+    }
+
+    #[test]
+    fn a_cut_batch_does_not_cut_itself_again_and_grows_only_into_free_memory() {
+        let g = 1u64 << 30;
+        // 1 GiB fixed, 256 MiB a unit; a 10 % margin.
+        let p = DevicePlan::discrete(10 * g, None, 0, vec![(1, g + g / 4), (8, g + 2 * g)], 0.0);
+        // At 16 units the run holds 5 GiB; nothing else free: 4.5 GiB usable -> 14 units.
+        let first = p.cap_now(0, 16, 16, 0.10);
+        assert_eq!(first, 14);
+        // Cut to 8 (a bucket), the arena still holding the 16-unit regions: the room is the same,
+        // so 8 stays (not cut again and again down to 1), and nothing free lets it grow.
+        assert_eq!(p.cap_now(0, 8, 16, 0.10), 8);
+        // Growth from 8 needs free memory of its own: 1 GiB free (90 % usable) -> 3 more units.
+        assert_eq!(p.cap_now(g, 8, 16, 0.10), 11);
+    }
+
+    #[test]
+    fn a_flat_fit_is_raised_to_the_graphs_floor() {
+        let g = 1u64 << 30;
+        // Small probes inside memory already rounded up: a slope of 1 KiB a unit.
+        let samples = vec![(8, g + (8 << 10)), (32, g + (32 << 10)), (128, g + (128 << 10))];
+        let p = DevicePlan::discrete(10 * g, Some(8 * g), 0, samples, 0.0);
+        assert_eq!(p.per_unit_bytes, 1 << 10);
+        let raised = p.clone().at_least_per_unit(200 << 10);
+        assert_eq!(
+            (raised.per_unit_bytes, raised.fitted_per_unit_bytes),
+            (200 << 10, 1 << 10)
+        );
+        assert_eq!(raised.units_safe, 7 * g / (200 << 10));
+        // A fit above the floor stays.
+        assert_eq!(p.clone().at_least_per_unit(512), p);
     }
 
     #[test]

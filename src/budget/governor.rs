@@ -64,6 +64,10 @@ pub enum Cause {
     Exhausted,
     /// The budget recovered; the batch grows back.
     Recovered,
+    /// The GPU's free memory (another process took some) capped the batch below the governor's.
+    DeviceFell,
+    /// The GPU's free memory came back; the device cap lifted.
+    DeviceRecovered,
 }
 
 impl fmt::Display for Cause {
@@ -72,6 +76,8 @@ impl fmt::Display for Cause {
             Self::BudgetFell => "budget fell",
             Self::Exhausted => "budget exhausted",
             Self::Recovered => "budget recovered",
+            Self::DeviceFell => "device memory fell",
+            Self::DeviceRecovered => "device memory recovered",
         })
     }
 }

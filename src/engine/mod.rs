@@ -519,10 +519,15 @@ impl Runtime {
         };
         model::check_io(manifest, role, path, &input, &output)?;
         let mut shrink_options = ort::session::RunOptions::new().map_err(|e| g(e.to_string()))?;
-        let shrink = match self.provider {
-            Provider::Cpu => "cpu:0".to_string(),
-            _ => format!("cpu:0;gpu:{}", self.options.gpu.device_id),
-        };
+        // Only arenas that exist are named: the CPU one unless `--arena off`, a GPU provider's always.
+        let mut shrink: Vec<String> = Vec::new();
+        if self.options.arena != Arena::Off {
+            shrink.push("cpu:0".into());
+        }
+        if self.provider.on_gpu() {
+            shrink.push(format!("gpu:{}", self.options.gpu.device_id));
+        }
+        let shrink = shrink.join(";");
         shrink_options
             .set("memory.enable_memory_arena_shrinkage", &shrink)
             .map_err(|e| g(e.to_string()))?;

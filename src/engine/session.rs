@@ -73,13 +73,26 @@ impl Graph {
         self.buckets = Some(buckets);
     }
 
-    /// Has the CPU arena give its unused regions back to the system at the end of the next run.
+    /// Has the arenas (the CPU one, and a GPU provider's) give their unused regions back at the
+    /// end of the next run.
     ///
-    /// The arena keeps what the largest run needed; when the batch shrinks because memory got
+    /// An arena keeps what the largest run needed; when the batch shrinks because memory got
     /// scarce, that surplus has to leave the process, not just sit free inside it.
     /// Without an arena there is nothing to give back and this does nothing.
     pub fn shrink_arena_after_next_run(&mut self) {
-        self.shrink_next = self.arena != Arena::Off;
+        self.shrink_next = self.arena != Arena::Off || self.provider.on_gpu();
+    }
+
+    /// Runs the session on `binding`'s device buffers (the device-resident path), giving the
+    /// arena's unused regions back at its end when [`Graph::shrink_arena_after_next_run`] asked.
+    pub fn run_binding(&mut self, binding: &ort::session::IoBinding) -> Result<(), ort::Error> {
+        let outputs = if std::mem::take(&mut self.shrink_next) {
+            self.session.run_binding_with_options(binding, &self.shrink_options)
+        } else {
+            self.session.run_binding(binding)
+        }?;
+        drop(outputs);
+        Ok(())
     }
 
     /// Runs a dense twin once over a window of `2 * halo + 2` pixels a side, which must give the

@@ -21,6 +21,8 @@ pub struct SceneGeometry {
     /// Bytes of the mapped data file. Its pages are clean page cache the kernel reclaims under
     /// pressure, so the plan does not count them; they are reported only.
     pub data_bytes: u64,
+    /// Bytes of one stored sample (the file's data type).
+    pub sample_bytes: usize,
 }
 
 impl SceneGeometry {
@@ -31,6 +33,7 @@ impl SceneGeometry {
             samples: cube.samples(),
             bands: cube.bands(),
             data_bytes: std::fs::metadata(cube.data_path()).map_or(0, |m| m.len()),
+            sample_bytes: cube.header().data_type.size(),
         }
     }
 }
@@ -255,9 +258,20 @@ pub fn auto_batch(
             let limit = gpu.and_then(|(_, l)| l);
             // The device path keeps its bound input and output allocated through the run, where
             // the probes' session frees its copy of the input early: both are charged per unit.
+            // So are its two raw-window slots (one preprocessed while the next is uploaded): per
+            // unit in dense mode, one window each (and the planar window) in patch mode.
             let bound = in_bytes + out_bytes;
-            let samples = samples.into_iter().map(|(b, m)| (b, m + bound * b)).collect();
+            let raw_window = (bands * grid.window_h() * grid.window_w() * cube.sample_bytes) as u64;
+            let (raw_unit, raw_fixed) = match run.mode {
+                Mode::Dense => (2 * raw_window, 0),
+                Mode::Patch => (0, 2 * raw_window + window),
+            };
+            let samples = samples
+                .into_iter()
+                .map(|(b, m)| (b, m + (bound + raw_unit) * b + raw_fixed))
+                .collect();
             budget::device::DevicePlan::discrete(d.free_bytes, limit, used, samples, settings.frag_margin)
+                .at_least_per_unit(prior.per_unit_bytes + bound + raw_unit)
         }
     });
     // On an integrated GPU the device's memory is the host's: its line joins the host's cost.
@@ -512,6 +526,8 @@ pub(super) struct BudgetGovernor {
     device: Option<(budget::device::DevicePlan, DeviceFree)>,
     /// The batch the device allows now (`u64::MAX` without a device).
     device_cap: u64,
+    /// The largest batch run so far: what the provider's arena may still hold.
+    largest: u64,
     frag_margin: f64,
 }
 
@@ -556,6 +572,7 @@ impl BudgetGovernor {
                     (d, read)
                 }),
             device_cap: u64::MAX,
+            largest: 0,
             frag_margin: settings.frag_margin,
         })
     }
@@ -574,18 +591,8 @@ impl BudgetGovernor {
             }
         }
     }
-}
-
-impl pipeline::Adapt for BudgetGovernor {
-    fn after_batch(&mut self, batches_done: u64, current: usize) -> usize {
-        if self.last_look.is_some_and(|t| t.elapsed() < GOVERNOR_MIN_INTERVAL) {
-            return current;
-        }
-        self.last_look = Some(std::time::Instant::now());
-        let psi = budget::read_psi(&self.root).ok().flatten();
-        if !self.governor.should_check(batches_done, psi.as_ref()) {
-            return current;
-        }
+    /// Re-reads the host budget and applies the governor's change, waiting while nothing fits.
+    fn check_host(&mut self) {
         let mut change = self.check();
         // Nothing fits: wait for memory to come back (up to 5 s) rather than run into the wall.
         let mut waits = 0;
@@ -602,18 +609,107 @@ impl pipeline::Adapt for BudgetGovernor {
             eprintln!("hsiedge: {c}");
             self.changes.push(c);
         }
+    }
+}
+
+impl pipeline::Adapt for BudgetGovernor {
+    fn after_batch(&mut self, batches_done: u64, current: usize) -> usize {
+        if self.last_look.is_some_and(|t| t.elapsed() < GOVERNOR_MIN_INTERVAL) {
+            return current;
+        }
+        self.last_look = Some(std::time::Instant::now());
+        let psi = budget::read_psi(&self.root).ok().flatten();
+        // The host budget is re-read when due (every few batches, or when pressure rises); the
+        // device's free memory (a few driver calls) after every batch.
+        if self.governor.should_check(batches_done, psi.as_ref()) {
+            self.check_host();
+        }
         if let Some((plan, read)) = self.device.as_mut()
             && let Some(free) = read()
         {
-            let cap = plan.cap_now(free, current as u64, self.frag_margin);
-            if cap != self.device_cap && (cap < current as u64 || self.device_cap < current as u64) {
-                eprintln!(
-                    "hsiedge: device memory: {} MiB free, the batch is capped at {cap}",
-                    free >> 20
-                );
+            self.largest = self.largest.max(current as u64);
+            let cap = plan.cap_now(free, current as u64, self.largest, self.frag_margin);
+            let host = self.governor.current();
+            let (before, after) = (host.min(self.device_cap), host.min(cap));
+            if before != after {
+                let change = Adjustment {
+                    old: before,
+                    new: after,
+                    cause: if after < before {
+                        budget::Cause::DeviceFell
+                    } else {
+                        budget::Cause::DeviceRecovered
+                    },
+                    budget_bytes: free.saturating_add(plan.added_at(current as u64)),
+                    needed_bytes: plan.added_at(before),
+                    psi_some_avg10: None,
+                };
+                eprintln!("hsiedge: {change} ({} MiB free on the device)", free >> 20);
+                self.changes.push(change);
             }
             self.device_cap = cap;
         }
         usize::try_from(self.governor.current().min(self.device_cap)).unwrap_or(current)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pipeline::Adapt;
+
+    /// A governor whose host budget is never due and whose device reports `free` in turn.
+    fn governed(free: Vec<u64>) -> BudgetGovernor {
+        let g = 1u64 << 30;
+        let cost = CostModel {
+            unit: Unit::Tile,
+            fixed_bytes: 0,
+            per_unit_bytes: 1 << 20,
+            source: budget::CostSource::Calibrated,
+            fit_rms_residual_bytes: None,
+        };
+        let cfg = budget::GovernorConfig {
+            check_every: u64::MAX,
+            ..budget::GovernorConfig::default()
+        };
+        // 256 MiB a unit on the device, nothing fixed.
+        let plan = budget::device::DevicePlan::discrete(8 * g, None, 0, vec![(1, 256 << 20), (4, 1024 << 20)], 0.0);
+        let mut free = free.into_iter();
+        BudgetGovernor {
+            governor: budget::Governor::new(cost, 16, cfg).unwrap(),
+            root: PathBuf::from("/nonexistent-root"),
+            reserve_bytes: 0,
+            last_look: None,
+            changes: Vec::new(),
+            device: Some((plan, Box::new(move || free.next()))),
+            device_cap: u64::MAX,
+            largest: 0,
+            frag_margin: 0.0,
+        }
+    }
+
+    #[test]
+    fn another_process_taking_device_memory_cuts_the_batch_and_its_return_restores_it() {
+        let g = 1u64 << 30;
+        // Free: 8 GiB, then nothing besides what the run holds, then 8 GiB again.
+        let mut gov = governed(vec![8 * g, 0, 8 * g]);
+        let next = |gov: &mut BudgetGovernor, done: u64, current: usize| {
+            std::thread::sleep(GOVERNOR_MIN_INTERVAL);
+            gov.after_batch(done, current)
+        };
+        // The first look is due for the host budget too; with no readable budget it keeps 16.
+        assert_eq!(next(&mut gov, 1, 16), 16);
+        assert!(gov.changes.is_empty());
+        // At 16 units the run holds 4 GiB; with nothing else free, 16 still fit exactly.
+        assert_eq!(next(&mut gov, 2, 16), 16);
+        assert!(gov.changes.is_empty());
+        let mut gov = governed(vec![0, 8 * g]);
+        // At 16 units with 2 GiB held (a smaller batch ran): 8 units fit.
+        assert_eq!(next(&mut gov, 1, 8), 8);
+        let c = &gov.changes[0];
+        assert_eq!((c.old, c.new, c.cause), (16, 8, budget::Cause::DeviceFell));
+        assert_eq!(next(&mut gov, 2, 8), 16);
+        let c = &gov.changes[1];
+        assert_eq!((c.old, c.new, c.cause), (8, 16, budget::Cause::DeviceRecovered));
     }
 }

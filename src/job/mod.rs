@@ -273,10 +273,10 @@ impl Job {
             )?),
             _ => None,
         };
-        if self.resident.is_some() && governor.is_some() {
-            // Its input and output are bound once at the planned batch, which the plan charged.
+        if self.resident.is_some() && governor.is_some() && self.runtime.options().gpu.cuda_graph {
+            // A captured graph replays one shape.
             eprintln!(
-                "hsiedge: note: device I/O path: the batch stays at the planned {}; the budget governor does not re-cut it",
+                "hsiedge: note: --cuda-graph: the batch stays at the planned {}; the budget governor does not re-cut it",
                 self.run.batch
             );
         }
@@ -318,7 +318,13 @@ impl Job {
             });
             let result = match &mut self.resident {
                 Some(r) => r
-                    .run(&self.cube, &mut self.graph, &mut sampling)
+                    // A captured CUDA graph replays one shape: the governor is not asked.
+                    .run(
+                        &self.cube,
+                        &mut self.graph,
+                        &mut sampling,
+                        adapt.filter(|_| !self.runtime.options().gpu.cuda_graph),
+                    )
                     .map(|(maps, stats, io)| (maps, stats, Some(io)))
                     .map_err(JobError::from),
                 None => pipeline::run(

@@ -231,6 +231,7 @@ pub fn plan(req: &PlanRequest) -> Result<PlanReport, JobError> {
             samples: req.tile,
             bands: manifest.input.bands,
             data_bytes: 0,
+            sample_bytes: 4,
         },
     };
     let mode = match req.mode {

@@ -235,17 +235,26 @@ pub fn reserve_maps(staged: &mut Staged, shape: MapShape, manifest: &Manifest) -
 /// or score map when kept) and the quick-look; their headers come from [`stage_headers`].
 pub fn stage_maps(staged: &mut Staged, maps: &Maps, manifest: &Manifest) -> Result<Written, MapError> {
     let mut w = Written::default();
-    if manifest.task == Task::Classification {
-        w.class_map = Some(staged.add("class_map.img", &maps.class_ids)?);
-        w.confidence_map = Some(staged.add("confidence.img", &encode_f32(&maps.confidence))?);
-    }
-    if let Some(scores) = &maps.scores {
-        w.scores_map = Some(staged.add(&format!("{}.img", scores_name(manifest)), &encode_f32(scores))?);
-    }
-    let png = quicklook_png(maps, manifest, staged.run_id()).map_err(|message| MapError::Png {
-        path: staged.dir().join("quicklook.png"),
-        message,
+    let run_id = staged.run_id().to_string();
+    // The quick-look is encoded on its own thread while the maps are written.
+    std::thread::scope(|scope| -> Result<(), MapError> {
+        let png = scope.spawn(|| quicklook_png(maps, manifest, &run_id));
+        if manifest.task == Task::Classification {
+            w.class_map = Some(staged.add("class_map.img", &maps.class_ids)?);
+            w.confidence_map = Some(staged.add("confidence.img", &encode_f32(&maps.confidence))?);
+        }
+        if let Some(scores) = &maps.scores {
+            w.scores_map = Some(staged.add(&format!("{}.img", scores_name(manifest)), &encode_f32(scores))?);
+        }
+        let png = png
+            .join()
+            .unwrap_or_else(|_| Err("the quick-look encoder panicked".to_string()))
+            .map_err(|message| MapError::Png {
+                path: staged.dir().join("quicklook.png"),
+                message,
+            })?;
+        w.quicklook = staged.add("quicklook.png", &png)?;
+        Ok(())
     })?;
-    w.quicklook = staged.add("quicklook.png", &png)?;
     Ok(w)
 }

@@ -1,29 +1,31 @@
 //! The device-resident path of the CUDA provider for classification models (`--io device`).
 //!
 //! The host copies each tile's input window from the mapped file as raw samples
-//! ([`gather::raw_window`], the file's own type, interleave and byte order) into pinned memory
-//! and uploads it; on the device the preprocessing kernel decodes and normalises it straight into
+//! ([`gather::raw_window`], the file's own type, interleave and byte order) into pinned memory on
+//! prefetch threads ([`prefetch`]), batches ahead of the device, and uploads it on a copy stream
+//! while the session runs the previous batch (two raw buffers on the device); on the device the preprocessing kernel decodes and normalises it straight into
 //! the input tensor bound to the session with ONNX Runtime's IoBinding (dense mode), or into a
 //! planar window from which `gather_patches` writes the bound input (patch mode); the session
 //! runs into a bound device output; the argmax kernel reduces it, and only labels and confidence
 //! come back to the host. Every run has the same shape (`bucket` units, the last batch padded)
 //! and the same buffers, which is what CUDA graphs need. Abundance models keep the host path.
 
+pub mod bound;
 pub mod gather;
+pub mod prefetch;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaSlice, DevicePtr, PinnedHostSlice};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, PinnedHostSlice};
 use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
-use ort::session::IoBinding;
-use ort::value::Tensor;
 
 use super::kernels::{DeviceSample, Kernels};
 use super::{GpuError, driver};
 use crate::cube::{ByteOrder, Cube, DataType, Interleave};
 use crate::engine::{Graph, Provider};
 use crate::model::{Layout, Manifest, OutputKind, Task};
-use crate::pipeline::{BatchDone, Maps, Mode, PipelineError, RunOptions, RunStats};
+use crate::pipeline::{Adapt, BatchDone, Maps, Mode, PipelineError, RunOptions, RunStats};
 use crate::tile::{TileGrid, TileRect};
 
 /// Errors of the device-resident path.
@@ -51,12 +53,23 @@ pub enum ResidentError {
     /// The maps do not cover the scene exactly once (an internal error, with its place).
     #[error(transparent)]
     Pipeline(#[from] PipelineError),
+    /// Re-binding the session at a new batch size failed, and the run has no bound buffers.
+    #[error("the device path has no bound buffers after a failed re-bind at a new batch size")]
+    Unbound,
+    /// A prefetch thread stopped without handing over its batch (it panicked).
+    #[error("the device path's prefetch thread stopped before its batch was copied")]
+    Prefetch,
 }
+
+/// Sets of pinned raw-window buffers going round between the prefetch thread and the uploads:
+/// one being filled while the other waits or is uploaded.
+const PREFETCH_DEPTH: usize = 2;
 
 /// What the device path moved and where its time went, for `summary.json` and `hsiedge gpu bench`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
 pub struct DeviceIo {
-    /// Units (tiles or patches) per session run, the last batch padded to it.
+    /// Units (tiles or patches) per session run as planned, a partial batch padded to it (the
+    /// governor may cut it to a half, a quarter...: `BatchDone::batch` says which ran).
     pub bucket: usize,
     /// Whether the session replays a captured CUDA graph.
     pub cuda_graph: bool,
@@ -72,8 +85,13 @@ pub struct DeviceIo {
     pub host_path_h2d_bytes_per_pixel: f64,
     /// `d2h_bytes` per output pixel.
     pub d2h_bytes_per_pixel: f64,
-    /// Seconds copying raw windows on the host.
+    /// Seconds copying raw windows on the host (prefetch threads, beside the device's work).
     pub gather_s: f64,
+    /// Seconds the device loop waited for a batch's raw windows: the copy's share of the run
+    /// that did not overlap the device.
+    pub prefetch_wait_s: f64,
+    /// Threads copying a batch's raw windows.
+    pub gather_threads: usize,
     /// Seconds in the session's runs alone (pure inference on resident buffers).
     pub inference_s: f64,
 }
@@ -115,17 +133,25 @@ pub struct Resident {
     patch: usize,
     bands: usize,
     window_bytes: usize,
+    /// Raw windows per upload (a batch's tiles, or one window in patch mode).
+    units_raw: usize,
+    gather_threads: usize,
     interleave: Interleave,
     dtype: DataType,
     swap: bool,
-    graph_path: std::path::PathBuf,
-    // Declared before the tensors it binds, so it is released first.
-    binding: IoBinding,
-    input: Tensor<f32>,
-    output: Tensor<f32>,
-    _allocator: Allocator,
-    staging: PinnedHostSlice<u8>,
-    d_raw: CudaSlice<u8>,
+    /// The session's input and output bound at the current batch size (`None` only after a
+    /// failed re-bind). Declared before the allocator its tensors come from.
+    bound: Option<bound::Bound>,
+    /// One unit's input and output shape after the batch dimension.
+    in_unit: Vec<usize>,
+    out_unit: Vec<usize>,
+    allocator: Allocator,
+    /// Pinned raw-window buffers, `PREFETCH_DEPTH` sets of `units_raw`.
+    pool: Vec<Vec<PinnedHostSlice<u8>>>,
+    /// The raw windows on the device: one pair being preprocessed, one being uploaded.
+    d_raw: [CudaSlice<u8>; 2],
+    /// The stream the uploads run on, beside the kernels' stream and the session's.
+    up: Arc<CudaStream>,
     d_window: CudaSlice<f32>,
     d_mean: CudaSlice<f32>,
     d_inv: CudaSlice<f32>,
@@ -196,14 +222,7 @@ impl Resident {
             });
         }
         let graph_path = graph.path().to_path_buf();
-        let ort = |call: &'static str| {
-            let graph = graph_path.clone();
-            move |e: ort::Error| ResidentError::Ort {
-                graph: graph.clone(),
-                call,
-                message: e.to_string(),
-            }
-        };
+        let ort = |call| ort_error(&graph_path, call);
         let ort_device = i32::try_from(device_id).map_err(|_| ResidentError::Unsupported {
             what: format!("CUDA device id {device_id} is out of range"),
         })?;
@@ -217,21 +236,9 @@ impl Resident {
         )
         .map_err(ort("MemoryInfo"))?;
         let allocator = Allocator::new(session, info).map_err(ort("CreateAllocator (CUDA)"))?;
-        let mut input = Tensor::<f32>::new(&allocator, in_shape.clone()).map_err(ort("allocating the input"))?;
-        let mut output = Tensor::<f32>::new(&allocator, out_shape).map_err(ort("allocating the output"))?;
         let in_floats: usize = in_shape.iter().product();
-        let in_ptr = input.data_ptr_mut() as u64;
-        // SAFETY: `in_ptr` is the input tensor's device allocation of `in_floats` float32 values
-        // in this device's primary context (the CUDA provider's allocator); zeroing it once makes
-        // the padded rows of a partial batch defined.
-        unsafe { cudarc::driver::result::memset_d8_sync(in_ptr, 0, in_floats * 4) }.map_err(driver("cuMemsetD8"))?;
-        let mut binding = session.create_binding().map_err(ort("CreateIoBinding"))?;
-        binding
-            .bind_input(graph_input_name(graph), &input)
-            .map_err(ort("BindInput"))?;
-        binding
-            .bind_output(graph.output().name.clone(), &mut output)
-            .map_err(ort("BindOutput"))?;
+        let (in_unit, out_unit) = (in_shape[1..].to_vec(), out_shape[1..].to_vec());
+        let bound = bound::Bound::new(graph, &allocator, bucket, &in_unit, &out_unit)?;
         let size = cube.header().data_type.size();
         let units_raw = match opts.mode {
             Mode::Dense => bucket,
@@ -239,20 +246,30 @@ impl Resident {
         };
         let window_bytes = wh * ww * bands * size;
         let s = k.stream().clone();
-        // SAFETY: pinned host memory for the raw windows; every byte of it a run reads is written
-        // by `gather::raw_window` before it is uploaded.
-        let staging =
-            unsafe { k.context().alloc_pinned::<u8>(units_raw * window_bytes) }.map_err(driver("cuMemHostAlloc"))?;
-        let d_raw = s
-            .alloc_zeros::<u8>(units_raw * window_bytes)
-            .map_err(driver("cuMemAlloc"))?;
+        let up = k.context().new_stream().map_err(driver("cuStreamCreate"))?;
+        // A pinned buffer is given back to the copy threads as soon as its upload is queued: that
+        // is safe only while cudarc records each upload in the buffer's event, which it does when
+        // it manages synchronisation between streams (event tracking, a second stream).
+        if !k.context().is_managing_stream_synchronization() {
+            return Err(ResidentError::Unsupported {
+                what: "needs cudarc's event tracking between streams to reuse pinned buffers".into(),
+            });
+        }
+        let d_raw = [
+            s.alloc_zeros::<u8>(units_raw * window_bytes)
+                .map_err(driver("cuMemAlloc"))?,
+            s.alloc_zeros::<u8>(units_raw * window_bytes)
+                .map_err(driver("cuMemAlloc"))?,
+        ];
+        // Every core copies: a batch's windows are split into line pieces beyond one per window.
+        let gather_threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let d_window = s
             .alloc_zeros::<f32>(if opts.mode == Mode::Patch { bands * wh * ww } else { 1 })
             .map_err(driver("cuMemAlloc"))?;
         let mean = manifest.input.mean.clone();
         let inv: Vec<f32> = manifest.input.std.iter().map(|v| 1.0 / v).collect();
         let m = bucket * pixels_per_unit;
-        let r = Self {
+        let mut r = Self {
             mode: opts.mode,
             grid,
             bucket,
@@ -269,16 +286,18 @@ impl Resident {
             patch: manifest.patch,
             bands,
             window_bytes,
+            units_raw,
+            gather_threads,
             interleave: cube.header().interleave,
             dtype: cube.header().data_type,
             swap: (cube.header().byte_order == ByteOrder::Big) == cfg!(target_endian = "little"),
-            graph_path: graph.path().to_path_buf(),
-            binding,
-            input,
-            output,
-            _allocator: allocator,
-            staging,
+            bound: Some(bound),
+            in_unit,
+            out_unit,
+            allocator,
+            pool: Vec::new(),
             d_raw,
+            up,
             d_window,
             d_mean: s.clone_htod(&mean).map_err(driver("cuMemcpyHtoD"))?,
             d_inv: s.clone_htod(&inv).map_err(driver("cuMemcpyHtoD"))?,
@@ -289,7 +308,24 @@ impl Resident {
             cuda_graph,
             k,
         };
+        r.fill_pool()?;
         Ok(r)
+    }
+
+    /// Allocates the pinned buffer sets the pool lacks (all at first; those an error dropped).
+    fn fill_pool(&mut self) -> Result<(), ResidentError> {
+        while self.pool.len() < PREFETCH_DEPTH {
+            let set = (0..self.units_raw)
+                .map(|_| {
+                    // SAFETY: pinned host memory for one raw window (cacheable: the copy writes it
+                    // in short runs); `gather::raw_window` writes every byte before it is uploaded.
+                    unsafe { self.k.context().alloc_pinned_with_flags::<u8>(self.window_bytes, 0) }
+                        .map_err(driver("cuMemHostAlloc"))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            self.pool.push(set);
+        }
+        Ok(())
     }
 
     /// Units per session run.
@@ -298,12 +334,15 @@ impl Resident {
     }
 
     /// Runs the whole scene: class map and confidence, what the run measured, and what the
-    /// device path moved. `progress` gets each batch's record.
+    /// device path moved. `progress` gets each batch's record; `adapt` (the memory governor) may
+    /// cut the batch after each one: it then runs at the largest of [`bound::sizes`] at or below
+    /// the governor's batch, re-bound (not with CUDA graphs, whose capture has one shape).
     pub fn run(
         &mut self,
         cube: &Cube,
         graph: &mut Graph,
         progress: &mut dyn FnMut(&BatchDone),
+        mut adapt: Option<&mut dyn Adapt>,
     ) -> Result<(Maps, RunStats, DeviceIo), ResidentError> {
         let start = Instant::now();
         let grid = self.grid;
@@ -328,82 +367,32 @@ impl Resident {
             cuda_graph: self.cuda_graph,
             ..DeviceIo::default()
         };
-        let mut infer = Duration::ZERO;
         let tiles: Vec<TileRect> = (0..grid.rows)
             .flat_map(|r| (0..grid.cols).map(move |c| (r, c)))
             .map(|(r, c)| grid.rect(r, c))
             .collect();
-        // One session run over the units already written into the bound input, then the labels
-        // of its first `n` units back into `h_cls` / `h_conf`.
-        match self.mode {
-            Mode::Dense => {
-                for chunk in tiles.chunks(self.bucket) {
-                    let t0 = Instant::now();
-                    self.gather(cube, chunk)?;
-                    io.gather_s += t0.elapsed().as_secs_f64();
-                    self.upload(chunk.len(), &mut io)?;
-                    let in_ptr = self.input.data_ptr_mut() as u64;
-                    for i in 0..chunk.len() {
-                        self.preprocess(i, in_ptr + (i * self.in_per_unit * 4) as u64)?;
-                    }
-                    let ran = self.infer_and_reduce(graph, chunk.len(), &mut io)?;
-                    infer += ran;
-                    let mut pixels = 0;
-                    for (i, t) in chunk.iter().enumerate() {
-                        for y in 0..t.h {
-                            for x in 0..t.w {
-                                let at = i * self.pixels_per_unit + y * grid.tile_w + x;
-                                self.put(&mut maps, &mut written, (t.y0 + y) * cube.samples() + t.x0 + x, at);
-                            }
-                        }
-                        pixels += t.h * t.w;
-                    }
-                    self.done(&mut stats, &mut io, start, chunk.len(), pixels, ran, progress);
-                }
-            }
-            Mode::Patch => {
-                for t in &tiles {
-                    let t0 = Instant::now();
-                    self.gather(cube, std::slice::from_ref(t))?;
-                    io.gather_s += t0.elapsed().as_secs_f64();
-                    self.upload(1, &mut io)?;
-                    let window = {
-                        let (ptr, _sync) = self.d_window.device_ptr(self.k.stream());
-                        ptr
-                    };
-                    self.preprocess(0, window)?;
-                    let count = t.h * t.w;
-                    let mut first = 0;
-                    while first < count {
-                        let n = self.bucket.min(count - first);
-                        let in_ptr = self.input.data_ptr_mut() as u64;
-                        // SAFETY: the bound input holds `bucket * bands * p * p` floats and
-                        // n <= bucket; the session reads it only in the run below, after this
-                        // stream is synchronised.
-                        unsafe {
-                            self.k.gather_patches_into(
-                                &self.d_window,
-                                (self.bands, grid.window_h(), grid.window_w()),
-                                self.patch,
-                                t.w,
-                                first,
-                                n,
-                                in_ptr,
-                            )?;
-                        }
-                        let ran = self.infer_and_reduce(graph, n, &mut io)?;
-                        infer += ran;
-                        for i in 0..n {
-                            let q = first + i;
-                            let scene = (t.y0 + q / t.w) * cube.samples() + t.x0 + q % t.w;
-                            self.put(&mut maps, &mut written, scene, i);
-                        }
-                        self.done(&mut stats, &mut io, start, n, n, ran, progress);
-                        first += n;
-                    }
-                }
-            }
-        }
+        let batches: Vec<&[TileRect]> = tiles.chunks(self.units_raw).collect();
+        io.gather_threads = self.gather_threads;
+        self.fill_pool()?;
+        let mut pool = std::mem::take(&mut self.pool);
+        let threads = self.gather_threads;
+        let fill =
+            |tiles: &[TileRect], units: &mut [PinnedHostSlice<u8>]| prefetch::fill(cube, &grid, tiles, units, threads);
+        // With CUDA graphs the copy runs on this thread, between session runs: no other thread
+        // makes driver calls while ONNX Runtime captures.
+        let ran = prefetch::with_prefetch(&batches, &mut pool, self.cuda_graph, &fill, |p| {
+            let mut out = Out {
+                maps: &mut maps,
+                written: &mut written,
+                stats: &mut stats,
+                io: &mut io,
+                infer: Duration::ZERO,
+            };
+            self.run_batches(p, &batches, cube, graph, &mut out, start, progress, &mut adapt)?;
+            Ok(out.infer)
+        });
+        self.pool = pool;
+        let infer = ran?;
         if let Some(at) = written.iter().position(|&c| c != 1) {
             let (line, sample) = (at / cube.samples(), at % cube.samples());
             return Err(PipelineError::Coverage {
@@ -426,35 +415,186 @@ impl Resident {
         Ok((maps, stats, io))
     }
 
-    /// Copies the raw windows of `tiles` into the pinned staging buffer, one after another.
-    fn gather(&mut self, cube: &Cube, tiles: &[TileRect]) -> Result<(), ResidentError> {
-        let wb = self.window_bytes;
-        let staging = self.staging.as_mut_slice().map_err(driver("cuEventSynchronize"))?;
-        for (i, t) in tiles.iter().enumerate() {
-            let lines = self.grid.window_lines(t.row);
-            let runs = gather::runs(&self.grid.window_samples(t.col));
-            gather::raw_window(cube, &lines, &runs, &mut staging[i * wb..(i + 1) * wb]);
+    /// The batches in order: batch b + 1 is uploaded on the copy stream while batch b runs.
+    #[allow(clippy::too_many_arguments)]
+    fn run_batches(
+        &mut self,
+        p: &prefetch::Prefetch<'_, PinnedHostSlice<u8>>,
+        batches: &[&[TileRect]],
+        cube: &Cube,
+        graph: &mut Graph,
+        out: &mut Out<'_>,
+        start: Instant,
+        progress: &mut dyn FnMut(&BatchDone),
+        adapt: &mut Option<&mut dyn Adapt>,
+    ) -> Result<(), ResidentError> {
+        let grid = self.grid;
+        if let Some(first) = batches.first() {
+            self.take_and_upload(p, first.len(), 0, out.io)?;
+        }
+        for (b, chunk) in batches.iter().enumerate() {
+            let slot = b % 2;
+            // The preprocessing reads what the copy stream uploaded.
+            self.k.stream().join(&self.up).map_err(driver("cuStreamWaitEvent"))?;
+            match self.mode {
+                Mode::Dense => {
+                    // The uploaded windows run in session batches of the bound size (all of them
+                    // unless the governor cut it).
+                    let mut first = 0;
+                    while first < chunk.len() {
+                        let n = self.units()?.min(chunk.len() - first);
+                        let in_ptr = self.bound_mut()?.input_ptr();
+                        for i in 0..n {
+                            self.preprocess(slot, first + i, in_ptr + (i * self.in_per_unit * 4) as u64)?;
+                        }
+                        if first == 0
+                            && let Some(next) = batches.get(b + 1)
+                        {
+                            self.take_and_upload(p, next.len(), 1 - slot, out.io)?;
+                        }
+                        let ran = self.infer_and_reduce(graph, n, out.io)?;
+                        out.infer += ran;
+                        let mut pixels = 0;
+                        for (i, t) in chunk[first..first + n].iter().enumerate() {
+                            for y in 0..t.h {
+                                for x in 0..t.w {
+                                    let at = i * self.pixels_per_unit + y * grid.tile_w + x;
+                                    self.put(out, (t.y0 + y) * cube.samples() + t.x0 + x, at);
+                                }
+                            }
+                            pixels += t.h * t.w;
+                        }
+                        self.done(out.stats, start, n, pixels, ran, progress);
+                        self.adapt(graph, adapt, out.stats.batches)?;
+                        first += n;
+                    }
+                }
+                Mode::Patch => {
+                    let t = &chunk[0];
+                    let window = {
+                        let (ptr, _sync) = self.d_window.device_ptr(self.k.stream());
+                        ptr
+                    };
+                    self.preprocess(slot, 0, window)?;
+                    if let Some(next) = batches.get(b + 1) {
+                        self.take_and_upload(p, next.len(), 1 - slot, out.io)?;
+                    }
+                    let count = t.h * t.w;
+                    let mut first = 0;
+                    while first < count {
+                        let n = self.units()?.min(count - first);
+                        let in_ptr = self.bound_mut()?.input_ptr();
+                        // SAFETY: the bound input holds `units * bands * p * p` floats and
+                        // n <= units; the session reads it only in the run below, after this
+                        // stream is synchronised.
+                        unsafe {
+                            self.k.gather_patches_into(
+                                &self.d_window,
+                                (self.bands, grid.window_h(), grid.window_w()),
+                                self.patch,
+                                t.w,
+                                first,
+                                n,
+                                in_ptr,
+                            )?;
+                        }
+                        let ran = self.infer_and_reduce(graph, n, out.io)?;
+                        out.infer += ran;
+                        for i in 0..n {
+                            let q = first + i;
+                            let scene = (t.y0 + q / t.w) * cube.samples() + t.x0 + q % t.w;
+                            self.put(out, scene, i);
+                        }
+                        self.done(out.stats, start, n, n, ran, progress);
+                        self.adapt(graph, adapt, out.stats.batches)?;
+                        first += n;
+                    }
+                }
+            }
         }
         Ok(())
     }
 
-    /// Uploads the first `n` raw windows.
-    fn upload(&mut self, n: usize, io: &mut DeviceIo) -> Result<(), ResidentError> {
-        let bytes = n * self.window_bytes;
-        let s = self.k.stream().clone();
-        let host = self.staging.as_slice().map_err(driver("cuEventSynchronize"))?;
-        let mut dst = self.d_raw.slice_mut(0..bytes);
-        s.memcpy_htod(&host[..bytes], &mut dst)
-            .map_err(driver("cuMemcpyHtoDAsync"))?;
-        io.h2d_bytes += bytes as u64;
+    /// Units of the bound shape.
+    fn units(&self) -> Result<usize, ResidentError> {
+        self.bound.as_ref().map(|b| b.units).ok_or(ResidentError::Unbound)
+    }
+
+    fn bound_mut(&mut self) -> Result<&mut bound::Bound, ResidentError> {
+        self.bound.as_mut().ok_or(ResidentError::Unbound)
+    }
+
+    /// Asks the governor for the next batch and re-binds at the size it maps to: the old
+    /// buffers are released first, and a smaller size has the arena give back what the larger
+    /// runs held after its first run.
+    fn adapt(
+        &mut self,
+        graph: &mut Graph,
+        adapt: &mut Option<&mut dyn Adapt>,
+        done: usize,
+    ) -> Result<(), ResidentError> {
+        let Some(a) = adapt.as_mut() else {
+            return Ok(());
+        };
+        let current = self.units()?;
+        let want = bound::size_for(self.bucket, a.after_batch(done as u64, current));
+        if want == current {
+            return Ok(());
+        }
+        self.bound = None;
+        if want < current {
+            graph.shrink_arena_after_next_run();
+        }
+        let (input, output) = (&self.in_unit, &self.out_unit);
+        self.bound = match bound::Bound::new(graph, &self.allocator, want, input, output) {
+            Ok(b) => Some(b),
+            // Growing back found the memory gone again: keep the batch it had.
+            Err(e) if want > current => {
+                eprintln!(
+                    "hsiedge: warning: device path: batch {want} could not be bound ({e}); it stays at {current}"
+                );
+                Some(bound::Bound::new(graph, &self.allocator, current, input, output)?)
+            }
+            Err(e) => return Err(e),
+        };
         Ok(())
     }
 
-    /// Decodes and normalises raw window `i` into the float32 planar window at device address `out`.
-    fn preprocess(&self, i: usize, out: u64) -> Result<(), ResidentError> {
+    /// Takes the next filled batch of `n` raw windows from the prefetch thread (waiting for it
+    /// when the copy is behind), starts its upload into raw slot `slot` and gives the buffers back.
+    fn take_and_upload(
+        &mut self,
+        p: &prefetch::Prefetch<'_, PinnedHostSlice<u8>>,
+        n: usize,
+        slot: usize,
+        io: &mut DeviceIo,
+    ) -> Result<(), ResidentError> {
+        let t0 = Instant::now();
+        let filled = p.next()?;
+        io.prefetch_wait_s += t0.elapsed().as_secs_f64();
+        io.gather_s += filled.gather_s;
+        let wb = self.window_bytes;
+        let mut r = Ok(());
+        for (i, unit) in filled.units.iter().take(n).enumerate() {
+            let mut dst = self.d_raw[slot].slice_mut(i * wb..(i + 1) * wb);
+            // The pinned buffer's event is recorded after the copy: the prefetch thread waits for
+            // it before writing the buffer again.
+            r = self.up.memcpy_htod(unit, &mut dst).map_err(driver("cuMemcpyHtoDAsync"));
+            if r.is_err() {
+                break;
+            }
+            io.h2d_bytes += wb as u64;
+        }
+        p.give_back(filled.units);
+        Ok(r?)
+    }
+
+    /// Decodes and normalises raw window `i` of raw slot `slot` into the float32 planar window at
+    /// device address `out`.
+    fn preprocess(&self, slot: usize, i: usize, out: u64) -> Result<(), ResidentError> {
         let wb = self.window_bytes;
         let dims = (self.grid.window_h(), self.grid.window_w(), self.bands);
-        let view = self.d_raw.slice(i * wb..(i + 1) * wb);
+        let view = self.d_raw[slot].slice(i * wb..(i + 1) * wb);
         macro_rules! typed {
             ($t:ty) => {{
                 // SAFETY: the window holds `wb / size_of::<T>()` samples of type T (the cube's
@@ -494,32 +634,12 @@ impl Resident {
         let s = self.k.stream().clone();
         // The session runs on its own stream: the input must be complete before it starts.
         s.synchronize().map_err(driver("cuStreamSynchronize"))?;
-        let path = self.graph_path.clone();
-        let fail = |call: &'static str| {
-            let graph = path.clone();
-            move |e: ort::Error| ResidentError::Ort {
-                graph,
-                call,
-                message: e.to_string(),
-            }
-        };
-        let t0 = Instant::now();
-        drop(
-            graph
-                .session_mut()
-                .run_binding(&self.binding)
-                .map_err(fail("RunWithBinding"))?,
-        );
-        // A replayed CUDA graph may still be running on the provider's own stream when the run
-        // returns: the output is read only once the provider has synchronised it.
-        self.binding
-            .synchronize_outputs()
-            .map_err(fail("SynchronizeBoundOutputs"))?;
-        let ran = t0.elapsed();
-        io.host_path_h2d_bytes += (self.bucket * self.in_per_unit * 4) as u64;
+        let bound = self.bound.as_ref().ok_or(ResidentError::Unbound)?;
+        let ran = bound.run(graph, self.cuda_graph)?;
+        let (units, out_ptr) = (bound.units, bound.output_ptr());
+        io.host_path_h2d_bytes += (units * self.in_per_unit * 4) as u64;
         let m = n * self.pixels_per_unit;
-        let out_ptr = self.output.data_ptr() as u64;
-        // SAFETY: the bound output holds bucket x classes x pixels_per_unit floats (n <= bucket),
+        // SAFETY: the bound output holds units x classes x pixels_per_unit floats (n <= units),
         // written by the run that has returned above.
         unsafe {
             self.k.argmax_from(
@@ -540,8 +660,9 @@ impl Resident {
     }
 
     /// Writes unit output `at` (of the last reduction) to scene pixel `scene`.
-    fn put(&self, maps: &mut Maps, written: &mut [u8], scene: usize, at: usize) {
-        written[scene] = written[scene].saturating_add(1);
+    fn put(&self, out: &mut Out<'_>, scene: usize, at: usize) {
+        let maps = &mut *out.maps;
+        out.written[scene] = out.written[scene].saturating_add(1);
         match self.h_cls[at] {
             u32::MAX => {
                 maps.class_ids[scene] = 0;
@@ -555,11 +676,9 @@ impl Resident {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn done(
         &self,
         stats: &mut RunStats,
-        _io: &mut DeviceIo,
         start: Instant,
         units: usize,
         pixels: usize,
@@ -579,12 +698,28 @@ impl Resident {
             infer_s: ran.as_secs_f64(),
             wait_s: 0.0,
             queued: 0,
-            batch: self.bucket,
+            batch: self.bound.as_ref().map_or(self.bucket, |b| b.units),
         });
     }
 }
 
-/// The graph's input name.
-fn graph_input_name(graph: &Graph) -> String {
-    graph.input().name.clone()
+/// Turns ONNX Runtime's error in `call` on `graph`'s session into [`ResidentError::Ort`].
+fn ort_error(graph: &std::path::Path, call: &'static str) -> impl FnOnce(ort::Error) -> ResidentError {
+    let graph = graph.to_path_buf();
+    move |e| ResidentError::Ort {
+        graph,
+        call,
+        message: e.to_string(),
+    }
+}
+
+/// What a run writes as its batches finish.
+struct Out<'a> {
+    maps: &'a mut Maps,
+    /// How many times each scene pixel was written (exactly once at the end).
+    written: &'a mut [u8],
+    stats: &'a mut RunStats,
+    io: &'a mut DeviceIo,
+    /// The session runs' own time.
+    infer: Duration,
 }
