@@ -3,7 +3,7 @@
 # and onnxruntime-gpu's libraries in /tmp/ortparts (earlier calls). Every GPU test and benchmark,
 # results into $OUT/gpu-results.tar.gz plus $OUT/log.
 #
-#   bash .gpu/device.sh [ours|torch|verify|all]   (default all, one call of at most ~580 s: ours, the
+#   bash .gpu/device.sh [ours|core|quick|mini|torch|all]   (default all, one call of at most ~580 s: ours, the
 #   sweeps, then PyTorch in the time left; torch: the sweeps and PyTorch)
 # `ours`: kernels, labels (CPU against CUDA, host and device I/O paths), benches (Salinas-A and a
 # 1024 x 1024 scene, host against device path, fp32/fp16, CUDA graphs), the CPU path before and
@@ -12,7 +12,8 @@
 set -u
 what=${1:-all}
 G=$PWD/.gpu
-R=/tmp/gpu-results
+# Results straight under $OUT: a call cut short by its time limit still brings back what it wrote.
+R=${OUT:-/tmp}/gpu-results
 mkdir -p "$R" /tmp/ortgpu
 if [ ! -f /tmp/ortgpu/libonnxruntime.so.1.31.1 ]; then
   mkdir -p /tmp/ortparts && cp "$G"/part* /tmp/ortparts/ 2>/dev/null
@@ -29,11 +30,42 @@ SIM=/tmp/sim/scene.hdr
 step() { echo "== $* ($(date +%T))"; }
 mem_trace() { ( while sleep 0.05; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits; done ) > "$1" 2>/dev/null & echo $!; }
 
+# big NAME [bench options]: dense on a 1024 x 1024 scene ($SCENE, default the float32 one), tile 256.
 big() {
   local name=$1; shift
-  timeout 120 $B bench classify "$SIM" --model "$M" --no-python --json --ep cuda --only dense --tile 256 --dense-batch 16 --repeat 5 "$@" \
+  timeout 120 $B bench classify "${SCENE:-$SIM}" --model "$M" --no-python --json --ep cuda --only dense --tile 256 --repeat 5 "$@" \
     > "$R/big_$name.json" 2> "$R/big_$name.err"; echo "big $name rc=$?"; tail -2 "$R/big_$name.err"
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['dense']; print({x: d[x] for x in ('end_to_end_s','inference_s','tiling_s','pixels_per_s','e2e_over_inference')}, d.get('device_io'))" "$R/big_$name.json" 2>/dev/null
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['dense']; print({x: d[x] for x in ('batch','end_to_end_s','inference_s','write_s','pixels_per_s','e2e_over_inference')}, d.get('device_io'))" "$R/big_$name.json" 2>/dev/null
+}
+
+# patchbig NAME [bench options]: patch mode on the 512 x 512 int16 scene, tile 256.
+patchbig() {
+  local name=$1; shift
+  timeout 150 $B bench classify /tmp/sim512/scene.hdr --model "$M" --no-python --json --ep cuda --only patch --tile 256 --repeat 3 "$@" \
+    > "$R/patchbig_$name.json" 2> "$R/patchbig_$name.err"; echo "patchbig $name rc=$?"; tail -2 "$R/patchbig_$name.err"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1]))['patch']; print({x: d[x] for x in ('batch','end_to_end_s','inference_s','write_s','pixels_per_s','e2e_over_inference')}, d.get('device_io'))" "$R/patchbig_$name.json" 2>/dev/null
+}
+
+# The host's side of the structural bound: pinned host-to-device bandwidth and the host's own
+# memory copy bandwidth (PyTorch, the same machine), 256 MiB a copy, medians of 10.
+bandwidth() {
+step bandwidth
+python3 - > "$R/bandwidth.json" 2> "$R/bandwidth.err" <<'PY'
+import json, time, statistics, torch
+n = 256 << 20
+h = torch.empty(n, dtype=torch.uint8).pin_memory(); d = torch.empty(n, dtype=torch.uint8, device="cuda")
+p = torch.empty(n, dtype=torch.uint8); q = torch.empty(n, dtype=torch.uint8)
+def timed(f):
+    t = []
+    for _ in range(12):
+        torch.cuda.synchronize(); s = time.perf_counter(); f(); torch.cuda.synchronize(); t.append(time.perf_counter() - s)
+    return statistics.median(t[2:])
+h2d = timed(lambda: d.copy_(h, non_blocking=True))
+d2h = timed(lambda: h.copy_(d, non_blocking=True))
+cpy = timed(lambda: q.copy_(p))
+print(json.dumps(dict(bytes=n, h2d_pinned_gb_s=n / h2d / 1e9, d2h_pinned_gb_s=n / d2h / 1e9, host_copy_one_thread_gb_s=n / cpy / 1e9, torch_threads=torch.get_num_threads())))
+PY
+cat "$R/bandwidth.json"; tail -2 "$R/bandwidth.err"
 }
 
 memory() {
@@ -65,28 +97,9 @@ PY
 done
 }
 
-# `verify`: the CUDA-graph labels (dense and patch against the CPU), the device memory checks under
-# 8 GiB and the 1024 x 1024 fp16 CUDA-graph bench: what a fix after a full run needs re-measured.
-verify() {
-step device; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$R/device.csv"
-step graph-labels
-for mode in patch dense; do
-  $B classify "$S" --model "$M" --out /tmp/o/cpu-$mode --mode $mode --batch 64 --json > "$R/classify_cpu_$mode.json"
-  for g in "" --cuda-graph; do
-    timeout 60 $B classify "$S" --model "$M" --out /tmp/o/cuda-$mode$g --mode $mode --batch 64 --ep cuda --io device $g \
-      --json > "$R/classify_cuda_${mode}${g}.json" 2> "$R/classify_cuda_${mode}${g}.err"; echo "classify $mode $g rc=$?"; tail -2 "$R/classify_cuda_${mode}${g}.err"
-    python3 -c "import sys; a=open(sys.argv[1],'rb').read(); b=open(sys.argv[2],'rb').read(); print(sys.argv[3], 'agreement', sum(x==y for x,y in zip(a,b))/len(a))" \
-      /tmp/o/cpu-$mode/class_map.img /tmp/o/cuda-$mode$g/class_map.img "$mode$g" 2>&1 | tee -a "$R/verify_agreement.txt"
-  done
-done
-$B simulate --model "$M" --out /tmp/sim --lines 1024 --samples 1024 > /dev/null; echo "simulate rc=$?"
-memory 8192
-big fp16_device --io device --precision fp16
-big fp16_device_graph --io device --precision fp16 --cuda-graph
-}
-
 ours() {
 step device; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$R/device.csv"
+nproc; grep -m1 "model name" /proc/cpuinfo
 step probe; $B gpu probe | tee "$R/probe.json"
 step kernels; $B gpu check > "$R/check.json"; echo "rc=$?"; grep -E '"(kernel|mismatches|pass)"' "$R/check.json" | sort | uniq -c
 step tensorrt; $B classify "$S" --model "$M" --out /tmp/o/trt --ep tensorrt 2> "$R/tensorrt_error.txt"; echo "rc=$?"; head -c 400 "$R/tensorrt_error.txt"; echo
@@ -128,18 +141,36 @@ bench() {
     > "$R/bench_$name.json" 2> "$R/bench_$name.err"; echo "bench $name rc=$?"; tail -2 "$R/bench_$name.err"
   python3 -c "import json,sys; d=json.load(open(sys.argv[1])); [print(k, d[k] and {x: d[k][x] for x in ('batch','end_to_end_s','inference_s','pixels_per_s','e2e_over_inference')}, d[k] and d[k].get('device_io')) for k in ('patch','dense')]" "$R/bench_$name.json" 2>/dev/null
 }
-bench cuda_fp32_host --ep cuda --io host --batch 1024 --dense-batch 16
+[ -z "${QUICK:-}" ] && bench cuda_fp32_host --ep cuda --io host --batch 1024 --dense-batch 16
 bench cuda_fp32_device --ep cuda --io device --batch 1024 --dense-batch 16
-bench cuda_fp32_device_b128 --ep cuda --io device --batch 128 --dense-batch 16 --only patch
+[ -z "${QUICK:-}" ] && bench cuda_fp32_device_b128 --ep cuda --io device --batch 128 --dense-batch 16 --only patch
 bench cuda_fp16_device --ep cuda --io device --precision fp16 --batch 1024 --dense-batch 16
 bench cuda_fp16_device_graph --ep cuda --io device --cuda-graph --precision fp16 --batch 1024 --dense-batch 16
 step bench-1024
 $B simulate --model "$M" --out /tmp/sim --lines 1024 --samples 1024 > /dev/null; echo "simulate rc=$?"
-big fp32_host --io host
-big fp32_device --io device
-big fp16_device --io device --precision fp16
-big fp16_device_graph --io device --precision fp16 --cuda-graph
-memory 8192 2048
+$B simulate --model "$M" --out /tmp/sim16 --lines 1024 --samples 1024 --int16 > /dev/null; echo "simulate int16 rc=$?"
+$B simulate --model "$M" --out /tmp/sim512 --lines 512 --samples 512 --int16 > /dev/null; echo "simulate 512 int16 rc=$?"
+# float32 samples: 16 tiles in one batch (no overlap possible) and in 4 batches of 4
+if [ -z "${QUICK:-}" ]; then
+big fp32_host --io host --dense-batch 16
+big fp32_device --io device --dense-batch 16
+big fp32_device_b4 --io device --dense-batch 4
+big fp16_device --io device --precision fp16 --dense-batch 16
+big fp16_device_graph_b4 --io device --precision fp16 --cuda-graph --dense-batch 4
+fi
+big fp16_device_b4 --io device --precision fp16 --dense-batch 4
+# int16 samples (a sensor's numbers): half the bytes to copy and upload
+SCENE=/tmp/sim16/scene.hdr big i16_fp32_host_b4 --io host --dense-batch 4
+SCENE=/tmp/sim16/scene.hdr big i16_fp32_device_b4 --io device --dense-batch 4
+SCENE=/tmp/sim16/scene.hdr big i16_fp16_device_b16 --io device --precision fp16 --dense-batch 16
+SCENE=/tmp/sim16/scene.hdr big i16_fp16_device_b4 --io device --precision fp16 --dense-batch 4
+SCENE=/tmp/sim16/scene.hdr big i16_fp16_device_b2 --io device --precision fp16 --dense-batch 2
+SCENE=/tmp/sim16/scene.hdr big i16_fp16_device_graph_b4 --io device --precision fp16 --cuda-graph --dense-batch 4
+step patch-512
+patchbig fp32_device --io device --batch 1024
+patchbig fp16_device --io device --precision fp16 --batch 1024
+[ -z "${QUICK:-}" ] && patchbig fp16_device_graph --io device --precision fp16 --cuda-graph --batch 1024
+if [ -z "${QUICK:-}" ]; then memory 8192 2048; else memory 8192; fi
 step cpu-before-after
 [ -x "$B0" ] || echo "skipped: no .gpu/hsiedge-base (stage with BASE_BIN=...)"
 [ -x "$B0" ] && for i in 1 2; do
@@ -150,6 +181,72 @@ step cpu-before-after
 done
 }
 
+# The governor on the device path: a patch run at --batch auto over the 1024 x 1024 int16 scene;
+# once its telemetry shows batches going, another process (PyTorch) takes all but 256 MiB of the
+# GPU's free memory for 20 s. The run must finish, record a device-memory change in
+# summary.json, and give the labels of an ungoverned run at a fixed batch.
+governor() {
+step governor
+cat > /tmp/hog.py <<'PY'
+import os, sys, time, torch
+tele, keep = sys.argv[1], int(sys.argv[2]) << 20
+torch.cuda.init(); torch.empty(1, device="cuda")
+t0 = time.time()
+while time.time() - t0 < 120 and not (os.path.exists(tele) and os.path.getsize(tele) > 0):
+    time.sleep(0.02)
+free, total = torch.cuda.mem_get_info()
+take = max(free - keep, 0)
+x = torch.empty(take, dtype=torch.uint8, device="cuda")
+print(f"hog took {take >> 20} MiB of {free >> 20} MiB free at {time.time() - t0:.2f} s", flush=True)
+time.sleep(20)
+PY
+rm -f /tmp/gov.jsonl
+python3 /tmp/hog.py /tmp/gov.jsonl 256 > "$R/hog.log" 2>&1 & HP=$!
+sleep 4
+timeout 120 $B classify /tmp/sim16/scene.hdr --model "$M" --out /tmp/o/gov --mode patch --tile 256 --batch auto --no-knee --max-batch 8192 \
+  --ep cuda --io device --telemetry /tmp/gov.jsonl --json > "$R/governor.json" 2> "$R/governor.err"; echo "governed run rc=$?"
+kill $HP 2>/dev/null; wait $HP 2>/dev/null; cat "$R/hog.log"; grep -E "device memory|batch" "$R/governor.err" | head -8
+timeout 120 $B classify /tmp/sim16/scene.hdr --model "$M" --out /tmp/o/gov-fixed --mode patch --tile 256 --batch 1024 --ep cuda --io device \
+  --json > "$R/governor_fixed.json" 2> "$R/governor_fixed.err"; echo "fixed run rc=$?"
+python3 - "$R" <<'PY2'
+import json, sys
+R = sys.argv[1]
+try:
+    d = json.load(open(f"{R}/governor.json"))
+    a = open("/tmp/o/gov/class_map.img", "rb").read(); b = open("/tmp/o/gov-fixed/class_map.img", "rb").read()
+    print(dict(batch=d["batch"], changes=d.get("batch_changes"), batches=d["batches"], identical_to_fixed=a == b, device_peak_mib=(d.get("device_peak_bytes") or 0) >> 20))
+except Exception as e:
+    print("no result:", e)
+PY2
+}
+
+# `mini`: the new code's checks in the least device time: labels on the device path (CUDA graphs
+# too), the int16 1024 x 1024 dense runs, PyTorch on hsiedge's network, one patch run, the
+# governor, the 8 GiB plan.
+mini() {
+step device; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$R/device.csv"
+step mini-labels
+for mode in patch dense; do
+  $B classify "$S" --model "$M" --out /tmp/o/cpu-$mode --mode $mode --batch 64 --json > "$R/classify_cpu_$mode.json"
+  for v in "fp32:" "fp16:" "fp32:--cuda-graph"; do
+    p=${v%%:*}; g=${v#*:}
+    timeout 60 $B classify "$S" --model "$M" --out /tmp/o/cuda-$mode-$p$g --mode $mode --batch 64 --ep cuda --io device --precision $p $g \
+      --json > "$R/classify_cuda_${mode}_$p$g.json" 2> "$R/classify_cuda_${mode}_$p$g.err"; echo "classify $mode $p $g rc=$?"; tail -1 "$R/classify_cuda_${mode}_$p$g.err"
+    python3 -c "import sys; a=open(sys.argv[1],'rb').read(); b=open(sys.argv[2],'rb').read(); print(sys.argv[3], 'agreement', sum(x==y for x,y in zip(a,b))/len(a))" \
+      /tmp/o/cpu-$mode/class_map.img /tmp/o/cuda-$mode-$p$g/class_map.img "$mode $p $g" 2>&1 | tee -a "$R/verify_agreement.txt"
+  done
+done
+$B simulate --model "$M" --out /tmp/sim16 --lines 1024 --samples 1024 --int16 > /dev/null; echo "simulate int16 rc=$?"
+$B simulate --model "$M" --out /tmp/sim --lines 1024 --samples 1024 > /dev/null; echo "simulate rc=$?"
+$B simulate --model "$M" --out /tmp/sim512 --lines 512 --samples 512 --int16 > /dev/null; echo "simulate 512 int16 rc=$?"
+step mini-bench
+SCENE=/tmp/sim16/scene.hdr big i16_fp16_device_b4 --io device --precision fp16 --dense-batch 4
+SCENE=/tmp/sim16/scene.hdr big i16_fp16_device_b2 --io device --precision fp16 --dense-batch 2
+SCENE=/tmp/sim16/scene.hdr big i16_fp16_device_b16 --io device --precision fp16 --dense-batch 16
+SCENE=/tmp/sim16/scene.hdr big i16_fp32_device_b4 --io device --dense-batch 4
+patchbig fp16_device --io device --precision fp16 --batch 1024
+}
+
 sweeps() {
 step sweep
 for mode in patch dense; do
@@ -158,6 +255,12 @@ for mode in patch dense; do
     > "$R/sweep_cuda_$mode.json" 2> "$R/sweep_cuda_$mode.err"; echo "sweep $mode rc=$?"; tail -3 "$R/sweep_cuda_$mode.err"
   kill $MP
 done
+}
+
+# PyTorch eager on hsiedge's own network and shapes (about 40 s).
+pytorch_ours() {
+step pytorch-ours
+(cd "$R" && OUT="$R" PYTHONUNBUFFERED=1 timeout 120 python3 "$G/baseline_ours.py" > "$R/baseline_ours.log" 2>&1); echo "baseline_ours rc=$?"; tail -3 "$R/baseline_ours.log"
 }
 
 pytorch() {
@@ -171,10 +274,12 @@ echo "pytorch gets ${left} s"
 
 # `all` (one call, about 580 s at most): ours, the sweeps, then PyTorch in the time left.
 case $what in
-  ours) ours ;;
-  verify) verify ;;
-  torch) sweeps; pytorch ;;
-  *) ours; sweeps; pytorch ;;
+  ours) bandwidth; ours; governor ;;
+  core) bandwidth; ours; governor; pytorch_ours ;;
+  quick) QUICK=1; bandwidth; pytorch_ours; ours; governor ;;
+  mini) bandwidth; mini; pytorch_ours; governor; memory 8192 ;;
+  torch) sweeps; pytorch_ours; pytorch ;;
+  *) bandwidth; ours; governor; pytorch_ours; sweeps; pytorch ;;
 esac
-tar -C /tmp -czf "$OUT/gpu-results-$what.tar.gz" gpu-results
+tar -C "$(dirname "$R")" -czf "$OUT/gpu-results-$what.tar.gz" gpu-results
 ls -la "$R" | head -80
