@@ -1,0 +1,396 @@
+//! Running a scene on the device path: batches taken from the prefetch in order, uploaded,
+//! preprocessed, run and reduced, with the governor's cuts applied between batches.
+
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{DevicePtr, PinnedHostSlice};
+
+use super::{DeviceIo, Resident, ResidentError, bound, prefetch};
+use crate::cube::{Cube, DataType};
+use crate::engine::Graph;
+use crate::gpu::kernels::DeviceSample;
+use crate::gpu::{GpuError, driver};
+use crate::pipeline::{Adapt, BatchDone, Maps, Mode, PipelineError, RunStats};
+use crate::tile::TileRect;
+
+impl Resident {
+    /// Runs the whole scene: class map and confidence, what the run measured, and what the
+    /// device path moved. `progress` gets each batch's record; `adapt` (the memory governor) may
+    /// cut the batch after each one: it then runs at the largest of [`bound::sizes`] at or below
+    /// the governor's batch, re-bound (not with CUDA graphs, whose capture has one shape).
+    pub fn run(
+        &mut self,
+        cube: &Cube,
+        graph: &mut Graph,
+        progress: &mut dyn FnMut(&BatchDone),
+        mut adapt: Option<&mut dyn Adapt>,
+    ) -> Result<(Maps, RunStats, DeviceIo), ResidentError> {
+        let start = Instant::now();
+        let grid = self.grid;
+        let n_px = cube.lines() * cube.samples();
+        let mut maps = Maps {
+            lines: cube.lines(),
+            samples: cube.samples(),
+            channels: self.classes,
+            class_ids: vec![0; n_px],
+            confidence: vec![f32::NAN; n_px],
+            scores: None,
+            nonfinite_pixels: 0,
+        };
+        let mut written = vec![0u8; n_px];
+        let mut stats = RunStats {
+            tile_shape: (grid.tile_h, grid.tile_w),
+            tiles: grid.len(),
+            ..RunStats::default()
+        };
+        let mut io = DeviceIo {
+            bucket: self.bucket,
+            cuda_graph: self.cuda_graph,
+            ..DeviceIo::default()
+        };
+        let tiles: Vec<TileRect> = (0..grid.rows)
+            .flat_map(|r| (0..grid.cols).map(move |c| (r, c)))
+            .map(|(r, c)| grid.rect(r, c))
+            .collect();
+        let batches: Vec<&[TileRect]> = tiles.chunks(self.units_raw).collect();
+        io.gather_threads = self.gather_threads;
+        self.fill_pool()?;
+        let mut pool = std::mem::take(&mut self.pool);
+        let threads = self.gather_threads;
+        let fill =
+            |tiles: &[TileRect], units: &mut [PinnedHostSlice<u8>]| prefetch::fill(cube, &grid, tiles, units, threads);
+        // With CUDA graphs the copy runs on this thread, between session runs: no other thread
+        // makes driver calls while ONNX Runtime captures.
+        let ran = prefetch::with_prefetch(&batches, &mut pool, self.cuda_graph, &fill, |p| {
+            let mut out = Out {
+                maps: &mut maps,
+                written: &mut written,
+                stats: &mut stats,
+                io: &mut io,
+                infer: Duration::ZERO,
+            };
+            self.run_batches(p, &batches, cube, graph, &mut out, start, progress, &mut adapt)?;
+            Ok(out.infer)
+        });
+        self.pool = pool;
+        let infer = ran?;
+        if let Some(at) = written.iter().position(|&c| c != 1) {
+            let (line, sample) = (at / cube.samples(), at % cube.samples());
+            return Err(PipelineError::Coverage {
+                line,
+                sample,
+                count: written[at],
+                row: line / grid.tile_h.max(1),
+                col: sample / grid.tile_w.max(1),
+            }
+            .into());
+        }
+        stats.lines = cube.lines();
+        stats.elapsed_s = start.elapsed().as_secs_f64();
+        stats.inference_s = infer.as_secs_f64();
+        io.inference_s = stats.inference_s;
+        let px = stats.pixels.max(1) as f64;
+        io.h2d_bytes_per_pixel = io.h2d_bytes as f64 / px;
+        io.host_path_h2d_bytes_per_pixel = io.host_path_h2d_bytes as f64 / px;
+        io.d2h_bytes_per_pixel = io.d2h_bytes as f64 / px;
+        Ok((maps, stats, io))
+    }
+
+    /// The batches in order: batch b + 1 is uploaded on the copy stream while batch b runs.
+    #[allow(clippy::too_many_arguments)]
+    fn run_batches(
+        &mut self,
+        p: &prefetch::Prefetch<'_, PinnedHostSlice<u8>>,
+        batches: &[&[TileRect]],
+        cube: &Cube,
+        graph: &mut Graph,
+        out: &mut Out<'_>,
+        start: Instant,
+        progress: &mut dyn FnMut(&BatchDone),
+        adapt: &mut Option<&mut dyn Adapt>,
+    ) -> Result<(), ResidentError> {
+        let grid = self.grid;
+        if let Some(first) = batches.first() {
+            self.take_and_upload(p, first.len(), 0, out.io)?;
+        }
+        for (b, chunk) in batches.iter().enumerate() {
+            let slot = b % 2;
+            // The preprocessing reads what the copy stream uploaded.
+            self.k.stream().join(&self.up).map_err(driver("cuStreamWaitEvent"))?;
+            match self.mode {
+                Mode::Dense => {
+                    // The uploaded windows run in session batches of the bound size (all of them
+                    // unless the governor cut it).
+                    let mut first = 0;
+                    while first < chunk.len() {
+                        let n = self.units()?.min(chunk.len() - first);
+                        let in_ptr = self.bound_mut()?.input_ptr();
+                        for i in 0..n {
+                            self.preprocess(slot, first + i, in_ptr + (i * self.in_per_unit * 4) as u64)?;
+                        }
+                        if first == 0
+                            && let Some(next) = batches.get(b + 1)
+                        {
+                            self.take_and_upload(p, next.len(), 1 - slot, out.io)?;
+                        }
+                        let ran = self.infer_and_reduce(graph, n, out.io)?;
+                        out.infer += ran;
+                        let mut pixels = 0;
+                        for (i, t) in chunk[first..first + n].iter().enumerate() {
+                            for y in 0..t.h {
+                                for x in 0..t.w {
+                                    let at = i * self.pixels_per_unit + y * grid.tile_w + x;
+                                    self.put(out, (t.y0 + y) * cube.samples() + t.x0 + x, at);
+                                }
+                            }
+                            pixels += t.h * t.w;
+                        }
+                        self.done(out.stats, start, n, pixels, ran, progress);
+                        self.adapt(graph, adapt, out.stats.batches)?;
+                        first += n;
+                    }
+                }
+                Mode::Patch => {
+                    let t = &chunk[0];
+                    let window = {
+                        let (ptr, _sync) = self.d_window.device_ptr(self.k.stream());
+                        ptr
+                    };
+                    self.preprocess(slot, 0, window)?;
+                    if let Some(next) = batches.get(b + 1) {
+                        self.take_and_upload(p, next.len(), 1 - slot, out.io)?;
+                    }
+                    let count = t.h * t.w;
+                    let mut first = 0;
+                    while first < count {
+                        let n = self.units()?.min(count - first);
+                        let in_ptr = self.bound_mut()?.input_ptr();
+                        // SAFETY: the bound input holds `units * bands * p * p` floats and
+                        // n <= units; the session reads it only in the run below, after this
+                        // stream is synchronised.
+                        unsafe {
+                            self.k.gather_patches_into(
+                                &self.d_window,
+                                (self.bands, grid.window_h(), grid.window_w()),
+                                self.patch,
+                                t.w,
+                                first,
+                                n,
+                                in_ptr,
+                            )?;
+                        }
+                        let ran = self.infer_and_reduce(graph, n, out.io)?;
+                        out.infer += ran;
+                        for i in 0..n {
+                            let q = first + i;
+                            let scene = (t.y0 + q / t.w) * cube.samples() + t.x0 + q % t.w;
+                            self.put(out, scene, i);
+                        }
+                        self.done(out.stats, start, n, n, ran, progress);
+                        self.adapt(graph, adapt, out.stats.batches)?;
+                        first += n;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Units of the bound shape.
+    fn units(&self) -> Result<usize, ResidentError> {
+        self.bound.as_ref().map(|b| b.units).ok_or(ResidentError::Unbound)
+    }
+
+    fn bound_mut(&mut self) -> Result<&mut bound::Bound, ResidentError> {
+        self.bound.as_mut().ok_or(ResidentError::Unbound)
+    }
+
+    /// Asks the governor for the next batch and re-binds at the size it maps to: the old
+    /// buffers are released first, and a smaller size has the arena give back what the larger
+    /// runs held after its first run.
+    fn adapt(
+        &mut self,
+        graph: &mut Graph,
+        adapt: &mut Option<&mut dyn Adapt>,
+        done: usize,
+    ) -> Result<(), ResidentError> {
+        let Some(a) = adapt.as_mut() else {
+            return Ok(());
+        };
+        let current = self.units()?;
+        let want = bound::size_for(self.bucket, a.after_batch(done as u64, current));
+        if want == current {
+            return Ok(());
+        }
+        self.bound = None;
+        if want < current {
+            graph.shrink_arena_after_next_run();
+        }
+        let (input, output) = (&self.in_unit, &self.out_unit);
+        self.bound = match bound::Bound::new(graph, &self.allocator, want, input, output) {
+            Ok(b) => Some(b),
+            // Growing back found the memory gone again: keep the batch it had.
+            Err(e) if want > current => {
+                eprintln!(
+                    "hsiedge: warning: device path: batch {want} could not be bound ({e}); it stays at {current}"
+                );
+                Some(bound::Bound::new(graph, &self.allocator, current, input, output)?)
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(())
+    }
+
+    /// Takes the next filled batch of `n` raw windows from the prefetch thread (waiting for it
+    /// when the copy is behind), starts its upload into raw slot `slot` and gives the buffers back.
+    fn take_and_upload(
+        &mut self,
+        p: &prefetch::Prefetch<'_, PinnedHostSlice<u8>>,
+        n: usize,
+        slot: usize,
+        io: &mut DeviceIo,
+    ) -> Result<(), ResidentError> {
+        let t0 = Instant::now();
+        let filled = p.next()?;
+        io.prefetch_wait_s += t0.elapsed().as_secs_f64();
+        io.gather_s += filled.gather_s;
+        let wb = self.window_bytes;
+        let mut r = Ok(());
+        for (i, unit) in filled.units.iter().take(n).enumerate() {
+            let mut dst = self.d_raw[slot].slice_mut(i * wb..(i + 1) * wb);
+            // The pinned buffer's event is recorded after the copy: the prefetch thread waits for
+            // it before writing the buffer again.
+            r = self.up.memcpy_htod(unit, &mut dst).map_err(driver("cuMemcpyHtoDAsync"));
+            if r.is_err() {
+                break;
+            }
+            io.h2d_bytes += wb as u64;
+        }
+        p.give_back(filled.units);
+        Ok(r?)
+    }
+
+    /// Decodes and normalises raw window `i` of raw slot `slot` into the float32 planar window at
+    /// device address `out`.
+    fn preprocess(&self, slot: usize, i: usize, out: u64) -> Result<(), ResidentError> {
+        let wb = self.window_bytes;
+        let dims = (self.grid.window_h(), self.grid.window_w(), self.bands);
+        let view = self.d_raw[slot].slice(i * wb..(i + 1) * wb);
+        macro_rules! typed {
+            ($t:ty) => {{
+                // SAFETY: the window holds `wb / size_of::<T>()` samples of type T (the cube's
+                // data type), starting at a multiple of its size; any bit pattern is a valid T.
+                let raw =
+                    unsafe { view.transmute::<$t>(wb / std::mem::size_of::<$t>()) }.ok_or_else(|| GpuError::Shape {
+                        kernel: <$t as DeviceSample>::KERNEL,
+                        message: format!("a window of {wb} bytes is not whole samples"),
+                    })?;
+                // SAFETY: `out` is a float32 planar window of `dims` in device memory of this
+                // context (the bound input's unit `i`, or `d_window`), used by no other stream
+                // before this one is synchronised.
+                unsafe {
+                    self.k.preprocess_into(
+                        &raw,
+                        self.interleave,
+                        self.swap,
+                        dims,
+                        &self.d_mean,
+                        &self.d_inv,
+                        out,
+                    )
+                }?;
+            }};
+        }
+        match self.dtype {
+            DataType::I16 => typed!(i16),
+            DataType::U16 => typed!(u16),
+            _ => typed!(f32),
+        }
+        Ok(())
+    }
+
+    /// Runs the session on the bound buffers and reduces the first `n` units' outputs to labels
+    /// and confidence on the host; returns the run's own time.
+    fn infer_and_reduce(&mut self, graph: &mut Graph, n: usize, io: &mut DeviceIo) -> Result<Duration, ResidentError> {
+        let s = self.k.stream().clone();
+        // The session runs on its own stream: the input must be complete before it starts.
+        s.synchronize().map_err(driver("cuStreamSynchronize"))?;
+        let bound = self.bound.as_ref().ok_or(ResidentError::Unbound)?;
+        let ran = bound.run(graph, self.cuda_graph)?;
+        let (units, out_ptr) = (bound.units, bound.output_ptr());
+        io.host_path_h2d_bytes += (units * self.in_per_unit * 4) as u64;
+        let m = n * self.pixels_per_unit;
+        // SAFETY: the bound output holds units x classes x pixels_per_unit floats (n <= units),
+        // written by the run that has returned above.
+        unsafe {
+            self.k.argmax_from(
+                out_ptr,
+                (n, self.classes, self.pixels_per_unit),
+                self.logits,
+                &mut self.cls,
+                &mut self.conf,
+            )
+        }?;
+        s.memcpy_dtoh(&self.cls.slice(0..m), &mut self.h_cls[..m])
+            .map_err(driver("cuMemcpyDtoH"))?;
+        s.memcpy_dtoh(&self.conf.slice(0..m), &mut self.h_conf[..m])
+            .map_err(driver("cuMemcpyDtoH"))?;
+        s.synchronize().map_err(driver("cuStreamSynchronize"))?;
+        io.d2h_bytes += (m * 8) as u64;
+        Ok(ran)
+    }
+
+    /// Writes unit output `at` (of the last reduction) to scene pixel `scene`.
+    fn put(&self, out: &mut Out<'_>, scene: usize, at: usize) {
+        let maps = &mut *out.maps;
+        out.written[scene] = out.written[scene].saturating_add(1);
+        match self.h_cls[at] {
+            u32::MAX => {
+                maps.class_ids[scene] = 0;
+                maps.confidence[scene] = f32::NAN;
+                maps.nonfinite_pixels += 1;
+            }
+            c => {
+                maps.class_ids[scene] = self.ids.get(c as usize).copied().unwrap_or(0);
+                maps.confidence[scene] = self.h_conf[at];
+            }
+        }
+    }
+
+    fn done(
+        &self,
+        stats: &mut RunStats,
+        start: Instant,
+        units: usize,
+        pixels: usize,
+        ran: Duration,
+        progress: &mut dyn FnMut(&BatchDone),
+    ) {
+        if stats.batches == 0 {
+            stats.first_batch_s = start.elapsed().as_secs_f64();
+        }
+        stats.batches += 1;
+        stats.pixels += pixels;
+        progress(&BatchDone {
+            batches: stats.batches,
+            pixels_done: stats.pixels,
+            units,
+            pixels,
+            infer_s: ran.as_secs_f64(),
+            wait_s: 0.0,
+            queued: 0,
+            batch: self.bound.as_ref().map_or(self.bucket, |b| b.units),
+        });
+    }
+}
+
+/// What a run writes as its batches finish.
+struct Out<'a> {
+    maps: &'a mut Maps,
+    /// How many times each scene pixel was written (exactly once at the end).
+    written: &'a mut [u8],
+    stats: &'a mut RunStats,
+    io: &'a mut DeviceIo,
+    /// The session runs' own time.
+    infer: Duration,
+}
