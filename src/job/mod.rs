@@ -476,6 +476,7 @@ pub fn gpu_bounded(engine: &EngineOptions, budget: &BudgetSettings) -> EngineOpt
 
 mod auto;
 mod device;
+mod governor;
 mod labels;
 mod plan;
 mod session;
@@ -483,6 +484,8 @@ mod spec;
 mod summary;
 
 pub use auto::*;
+use governor::BudgetGovernor;
+pub use governor::GOVERNOR_MIN_INTERVAL;
 pub use labels::{Accuracy, accuracy, open_labels};
 pub use plan::*;
 pub use session::{

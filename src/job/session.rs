@@ -3,7 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use super::auto::{AutoBatch, BudgetGovernor, SWEEP_SCENE_BATCHES, SceneGeometry, auto_batch};
+use super::auto::{AutoBatch, SWEEP_SCENE_BATCHES, SceneGeometry, auto_batch};
+use super::governor::BudgetGovernor;
 use super::{BudgetSettings, DEFAULT_DENSE_BATCH, DEFAULT_PATCH_BATCH, JobError, ModeChoice, QUEUE_DEPTH};
 use crate::budget::{Adjustment, Limit};
 use crate::cube::{Cube, DataType, Header, Interleave};
