@@ -687,16 +687,7 @@ fn simulate_int16_writes_the_float_scene_rounded_to_digital_numbers() {
         "the same seed draws the same labels"
     );
     // The int16 scene classifies like any other cube.
-    let o = dir.path().join("o");
-    let s = summary(&ok(&[
-        "classify",
-        i.join("scene.hdr").to_str().unwrap(),
-        "--model",
-        tiny().to_str().unwrap(),
-        "--out",
-        o.to_str().unwrap(),
-        "--json",
-    ]));
+    let s = classify(&i.join("scene.hdr"), &model, &dir.path().join("o"), &[]);
     assert_eq!(s["pixels"], 99, "{s}");
 }
 
