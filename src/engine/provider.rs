@@ -370,6 +370,17 @@ impl Buckets {
     pub fn largest(&self) -> usize {
         self.0.last().copied().unwrap_or(1)
     }
+
+    /// The largest bucket at or below `n` (the smallest when `n` is below it): where a batch the
+    /// governor cut to `n` runs when its buffers are bound at a bucket's size.
+    pub fn at_most(&self, n: usize) -> usize {
+        self.0
+            .iter()
+            .rev()
+            .copied()
+            .find(|&b| b <= n)
+            .unwrap_or_else(|| self.smallest())
+    }
 }
 
 #[cfg(test)]
@@ -448,5 +459,9 @@ mod tests {
             let got = b.bucket_for(n).unwrap();
             assert!(got >= n && b.sizes().contains(&got));
         }
+        assert_eq!(b.at_most(47), 32);
+        assert_eq!(b.at_most(48), 48);
+        assert_eq!(b.at_most(1000), 48);
+        assert_eq!(b.at_most(0), 1);
     }
 }

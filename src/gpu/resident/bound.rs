@@ -1,6 +1,7 @@
 //! The session's input and output bound on the device at one batch size, and the sizes a run may
-//! take: the planned batch (the bucket) and its halves down to one, so a batch the governor cuts
-//! still runs at one of a few fixed shapes (a partial batch is padded to its size).
+//! take: the engine's [`Buckets`] up to the planned batch (powers of two and the batch itself, the
+//! shapes the host path and the TensorRT profiles use), so a batch the governor cuts still runs at
+//! one of a few fixed shapes (a partial batch is padded to its size).
 
 use std::time::{Duration, Instant};
 
@@ -9,24 +10,13 @@ use ort::session::IoBinding;
 use ort::value::Tensor;
 
 use super::{ResidentError, ort_error};
-use crate::engine::Graph;
+use crate::engine::{Buckets, Graph};
 use crate::gpu::driver;
 
-/// The sizes a run with `bucket` units a batch may take: `bucket`, then halves down to 1.
-pub fn sizes(bucket: usize) -> Vec<usize> {
-    let mut v = vec![bucket.max(1)];
-    let mut s = bucket.max(1);
-    while s > 1 {
-        s /= 2;
-        v.push(s.max(1));
-    }
-    v.dedup();
-    v
-}
-
-/// The largest of [`sizes`]`(bucket)` at or below `target` (at least 1).
+/// The size a run planned at `bucket` units a batch takes when the governor asks for `target`:
+/// the largest of [`Buckets::up_to`]`(bucket)` at or below it (at least 1).
 pub fn size_for(bucket: usize, target: usize) -> usize {
-    sizes(bucket).into_iter().find(|&s| s <= target).unwrap_or(1)
+    Buckets::up_to(bucket).at_most(target)
 }
 
 /// Input and output tensors of `units` units allocated by the CUDA provider's allocator and bound
@@ -110,15 +100,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_cut_batch_runs_at_the_bucket_or_one_of_its_halves() {
-        assert_eq!(sizes(16), vec![16, 8, 4, 2, 1]);
-        assert_eq!(sizes(12), vec![12, 6, 3, 1]);
-        assert_eq!(sizes(1), vec![1]);
-        assert_eq!(sizes(0), vec![1]);
+    fn a_cut_batch_runs_at_one_of_the_engine_buckets() {
         assert_eq!(size_for(16, 16), 16);
         assert_eq!(size_for(16, 100), 16);
         assert_eq!(size_for(16, 9), 8);
-        assert_eq!(size_for(12, 5), 3);
+        assert_eq!(size_for(12, 12), 12);
+        assert_eq!(size_for(12, 11), 8);
+        assert_eq!(size_for(12, 5), 4);
         assert_eq!(size_for(12, 0), 1);
+        assert_eq!(size_for(0, 3), 1);
     }
 }

@@ -16,8 +16,8 @@ use crate::tile::TileRect;
 impl Resident {
     /// Runs the whole scene: class map and confidence, what the run measured, and what the
     /// device path moved. `progress` gets each batch's record; `adapt` (the memory governor) may
-    /// cut the batch after each one: it then runs at the largest of [`bound::sizes`] at or below
-    /// the governor's batch, re-bound (not with CUDA graphs, whose capture has one shape).
+    /// cut the batch after each one: it then runs at [`bound::size_for`] the governor's batch
+    /// (the largest engine bucket at or below it), re-bound (not with CUDA graphs, whose capture has one shape).
     pub fn run(
         &mut self,
         cube: &Cube,
