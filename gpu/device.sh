@@ -3,12 +3,13 @@
 # and onnxruntime-gpu's libraries in /tmp/ortparts (earlier calls). Every GPU test and benchmark,
 # results into $OUT/gpu-results.tar.gz plus $OUT/log.
 #
-#   bash .gpu/device.sh [ours|core|quick|mini|torch|all]   (default all, one call of at most ~580 s: ours, the
+#   bash .gpu/device.sh [ours|core|quick|mini|torch|rest|all]   (default all, one call of at most ~580 s: ours, the
 #   sweeps, then PyTorch in the time left; torch: the sweeps and PyTorch)
 # `ours`: kernels, labels (CPU against CUDA, host and device I/O paths), benches (Salinas-A and a
 # 1024 x 1024 scene, host against device path, fp32/fp16, CUDA graphs), the CPU path before and
 # after (.gpu/hsiedge-base against .gpu/hsiedge, alternated), the device memory checks.
-# `torch`: the batch sweeps with their plots and gpu_baseline.py's HybridSN parts.
+# `torch`: the batch sweeps with their plots and gpu_baseline.py's HybridSN parts; `rest`: the same
+# without baseline_ours.py (after `quick`, on the same warm machine).
 set -u
 what=${1:-all}
 G=$PWD/.gpu
@@ -279,6 +280,7 @@ case $what in
   quick) QUICK=1; bandwidth; pytorch_ours; ours; governor ;;
   mini) bandwidth; mini; pytorch_ours; governor; memory 8192 ;;
   torch) sweeps; pytorch_ours; pytorch ;;
+  rest) sweeps; pytorch ;;
   *) bandwidth; ours; governor; pytorch_ours; sweeps; pytorch ;;
 esac
 tar -C "$(dirname "$R")" -czf "$OUT/gpu-results-$what.tar.gz" gpu-results
