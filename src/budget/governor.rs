@@ -68,6 +68,9 @@ pub enum Cause {
     DeviceFell,
     /// The GPU's free memory came back; the device cap lifted.
     DeviceRecovered,
+    /// The provider's device arena could not hold the first batch (the plan's device line
+    /// under-counted it); the scene starts again at the next smaller bucket.
+    DeviceOutOfMemory,
 }
 
 impl fmt::Display for Cause {
@@ -78,6 +81,7 @@ impl fmt::Display for Cause {
             Self::Recovered => "budget recovered",
             Self::DeviceFell => "device memory fell",
             Self::DeviceRecovered => "device memory recovered",
+            Self::DeviceOutOfMemory => "device arena out of memory",
         })
     }
 }

@@ -45,8 +45,9 @@ pub struct EngineArgs {
     /// Bound of the CUDA provider's device arena, MiB (default: unbounded).
     #[arg(long, value_name = "MIB")]
     pub gpu_mem_limit_mib: Option<u64>,
-    /// Capture each batch shape as a CUDA graph and replay it (cuda, tensorrt). Experimental: its
-    /// labels in dense mode are not yet verified on a GPU (docs/benchmarks.md).
+    /// Capture the device path's batch as a CUDA graph and replay it (cuda, tensorrt; the host
+    /// path runs without). Experimental: dense-mode labels with it are not yet verified on a GPU
+    /// (docs/benchmarks.md).
     #[arg(long)]
     pub cuda_graph: bool,
     /// Model precision: fp32, or fp16 (the manifest's *_fp16 files).

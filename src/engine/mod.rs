@@ -25,6 +25,11 @@ pub use library::*;
 pub use provider::*;
 pub use session::Graph;
 
+/// ONNX Runtime's run option naming the CUDA graph a run captures or replays, and its value for
+/// a run that does neither (`kOrtRunOptionsConfigCudaGraphAnnotation`, `kCudaGraphAnnotationSkip`).
+const CUDA_GRAPH_ID: &str = "gpu_graph_id";
+const CUDA_GRAPH_SKIP: &str = "-1";
+
 /// Version of ONNX Runtime that `make ort` provisions and the docs name.
 pub const ORT_VERSION: &str = "1.31.1";
 
@@ -393,6 +398,20 @@ impl Runtime {
         shrink_options
             .set("memory.enable_memory_arena_shrinkage", &shrink)
             .map_err(|e| g(e.to_string()))?;
+        // A captured CUDA graph replays the buffer addresses of the run that captured it: only
+        // the device path's bound runs (fixed buffers) may capture and replay it. A plain run
+        // that captured first (the dense twin's halo check did) would have every bound run
+        // replay that run's work on its buffers instead.
+        let uncaptured = if self.options.gpu.cuda_graph && self.provider.on_gpu() {
+            shrink_options
+                .set(CUDA_GRAPH_ID, CUDA_GRAPH_SKIP)
+                .map_err(|e| g(e.to_string()))?;
+            let mut o = ort::session::RunOptions::new().map_err(|e| g(e.to_string()))?;
+            o.set(CUDA_GRAPH_ID, CUDA_GRAPH_SKIP).map_err(|e| g(e.to_string()))?;
+            Some(o)
+        } else {
+            None
+        };
         let mut graph = Graph {
             session,
             path: path.to_path_buf(),
@@ -400,6 +419,7 @@ impl Runtime {
             output,
             shrink_next: false,
             shrink_options,
+            uncaptured,
             arena: self.options.arena,
             buckets: None,
             provider: self.provider,

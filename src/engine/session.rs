@@ -17,6 +17,10 @@ pub struct Graph {
     pub(super) output: TensorSig,
     pub(super) shrink_next: bool,
     pub(super) shrink_options: ort::session::RunOptions,
+    /// Options of a plain run when the session captures CUDA graphs: such a run (the halo
+    /// check, calibration probes, the host path) has its buffers placed anew each time, so it
+    /// must neither capture the graph the bound runs replay nor replay it (`gpu_graph_id` -1).
+    pub(super) uncaptured: Option<ort::session::RunOptions>,
     pub(super) arena: Arena,
     pub(super) buckets: Option<Buckets>,
     pub(super) provider: Provider,
@@ -163,6 +167,8 @@ impl Graph {
         let inputs = ort::inputs![self.input.name.as_str() => tensor];
         let outputs = if std::mem::take(&mut self.shrink_next) {
             self.session.run_with_options(inputs, &self.shrink_options)
+        } else if let Some(options) = &self.uncaptured {
+            self.session.run_with_options(inputs, options)
         } else {
             self.session.run(inputs)
         }

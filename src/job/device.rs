@@ -2,11 +2,12 @@
 //! [`crate::gpu::resident`] where the run allows it, else the host pipeline.
 
 use super::JobError;
+use crate::budget::{Adjustment, Cause};
 use crate::cube::Cube;
-use crate::engine::{Graph, IoPath, Provider, Runtime};
-use crate::gpu::resident::{Resident, ResidentError, unsupported};
+use crate::engine::{Buckets, GpuOptions, Graph, IoPath, Provider, Runtime};
+use crate::gpu::resident::{DeviceIo, Resident, ResidentError, unsupported};
 use crate::model::Manifest;
-use crate::pipeline::RunOptions;
+use crate::pipeline::{Adapt, BatchDone, Maps, RunOptions, RunStats};
 
 /// The device path's buffers for this job, or `None` for the host path with why the device path
 /// was not taken (`None` too where nothing was asked of it: `--io host`, or a CPU session under
@@ -38,5 +39,106 @@ pub(super) fn choose(
         Ok(r) => Ok((Some(r), None)),
         Err(e) if io == IoPath::Auto => refused(format!("could not start: {e}")),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs the scene on the device path. A first batch the provider's arena cannot hold (the plan's
+/// device line counted less than the provider asked for, such as a convolution's workspace) does
+/// not end the run: the buffers are released, the scene starts again at the next smaller bucket,
+/// and the cut is recorded in `changes`, with a warning. Once a batch has completed, an error
+/// ends the run (the governor cuts batches between them).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn run(
+    slot: &mut Option<Resident>,
+    cube: &Cube,
+    manifest: &Manifest,
+    graph: &mut Graph,
+    run: &mut RunOptions,
+    gpu: &GpuOptions,
+    progress: &mut dyn FnMut(&BatchDone),
+    mut adapt: Option<&mut dyn Adapt>,
+    changes: &mut Vec<Adjustment>,
+) -> Result<(Maps, RunStats, DeviceIo), JobError> {
+    loop {
+        let resident = slot.as_mut().ok_or(ResidentError::Unbound)?;
+        let mut completed = 0usize;
+        let mut counting = |d: &BatchDone| {
+            completed += 1;
+            progress(d);
+        };
+        let adapt_now = adapt.as_mut().map(|a| &mut **a as &mut dyn Adapt);
+        let old = resident.bucket();
+        match resident.run(cube, graph, &mut counting, adapt_now) {
+            Err(e) if completed == 0 && old > 1 && is_out_of_device_memory(&e) => {
+                let new = Buckets::up_to(old).at_most(old - 1);
+                eprintln!(
+                    "hsiedge: warning: device path: a batch of {old} did not fit the CUDA arena ({e}); the scene starts again at {new}"
+                );
+                changes.push(Adjustment {
+                    old: old as u64,
+                    new: new as u64,
+                    cause: Cause::DeviceOutOfMemory,
+                    budget_bytes: gpu.mem_limit.unwrap_or(0),
+                    needed_bytes: 0,
+                    psi_some_avg10: None,
+                });
+                // The old buffers go back to the arena first, and the arena gives back what the
+                // failed batch had it take.
+                *slot = None;
+                graph.shrink_arena_after_next_run();
+                run.batch = new;
+                *slot = Some(Resident::new(
+                    cube,
+                    manifest,
+                    graph,
+                    run,
+                    gpu.device_id,
+                    gpu.cuda_graph,
+                )?);
+            }
+            other => return other.map_err(JobError::from),
+        }
+    }
+}
+
+/// Whether `e` is a device allocation that failed for want of memory: ONNX Runtime reports its
+/// arena's refusal and CUDA's out-of-memory only as text under a generic status code.
+fn is_out_of_device_memory(e: &ResidentError) -> bool {
+    let text = match e {
+        ResidentError::Ort { message, .. } => message.as_str(),
+        _ => return false,
+    };
+    [
+        "Available memory of",
+        "Failed to allocate memory",
+        "out of memory",
+        "CUDA_ERROR_OUT_OF_MEMORY",
+    ]
+    .iter()
+    .any(|needle| text.contains(needle))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ort(message: &str) -> ResidentError {
+        ResidentError::Ort {
+            graph: "patch.onnx".into(),
+            call: "RunWithBinding",
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn an_arena_or_cuda_out_of_memory_is_recognised_and_nothing_else() {
+        // What ONNX Runtime 1.31.1 said when an 8 GiB arena could not hold a patch batch (H100).
+        let arena = "Non-zero status code returned while running Conv node. Name:'/core/c2/Conv' Status Message: \
+                     /onnxruntime_src/onnxruntime/core/framework/bfc_arena.cc:360 void* onnxruntime::BFCArena::AllocateRawInternal(size_t, bool, \
+                     onnxruntime::Stream*) Available memory of 738012672 is smaller than requested bytes of 1881617152";
+        assert!(is_out_of_device_memory(&ort(arena)));
+        assert!(is_out_of_device_memory(&ort("CUDA failure 2: out of memory ; GPU=0")));
+        assert!(!is_out_of_device_memory(&ort("Got invalid dimensions for input")));
+        assert!(!is_out_of_device_memory(&ResidentError::Prefetch));
     }
 }

@@ -240,6 +240,11 @@ impl Job {
             graph.use_buckets(crate::engine::Buckets::up_to(run.batch));
         }
         let (resident, io_fallback) = device::choose(&cube, &manifest, &mut graph, &run, &runtime)?;
+        if resident.is_none() && runtime.options().gpu.cuda_graph && runtime.provider().on_gpu() {
+            eprintln!(
+                "hsiedge: note: --cuda-graph: the host I/O path runs without CUDA graphs (its buffers move from run to run); only the device path replays them"
+            );
+        }
         Ok(Self {
             spec,
             cube,
@@ -304,6 +309,7 @@ impl Job {
             }
             _ => None,
         };
+        let mut retries = Vec::new();
         let shape = self.map_shape();
         let (out, manifest, scene) = (&self.out, &self.manifest, self.cube.header());
         // The headers depend only on the run's shape, so they are staged and synced while it runs,
@@ -316,17 +322,21 @@ impl Job {
                 staged.reserve("summary.json")?;
                 Ok(staged)
             });
-            let result = match &mut self.resident {
-                Some(r) => r
+            let gpu = &self.runtime.options().gpu;
+            let result = match self.resident {
+                Some(_) => device::run(
+                    &mut self.resident,
+                    &self.cube,
+                    &self.manifest,
+                    &mut self.graph,
+                    &mut self.run,
+                    gpu,
+                    &mut sampling,
                     // A captured CUDA graph replays one shape: the governor is not asked.
-                    .run(
-                        &self.cube,
-                        &mut self.graph,
-                        &mut sampling,
-                        adapt.filter(|_| !self.runtime.options().gpu.cuda_graph),
-                    )
-                    .map(|(maps, stats, io)| (maps, stats, Some(io)))
-                    .map_err(JobError::from),
+                    adapt.filter(|_| !gpu.cuda_graph),
+                    &mut retries,
+                )
+                .map(|(maps, stats, io)| (maps, stats, Some(io))),
                 None => pipeline::run(
                     &self.cube,
                     &self.manifest,
@@ -349,7 +359,8 @@ impl Job {
         });
         // The run's buffers and the session's arena are still held, so the end is sampled too.
         self.peak_anon_bytes = peak.max(anon_bytes(&root)).max(hwm_anon_bound(&root).unwrap_or(0));
-        self.adjustments = governor.map(|g| g.changes).unwrap_or_default();
+        self.adjustments = retries;
+        self.adjustments.extend(governor.map(|g| g.changes).unwrap_or_default());
         self.device_peak_bytes = device.map(|d| d.stop());
         let (maps, stats, io) = result?;
         self.device_io = io;
