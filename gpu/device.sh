@@ -3,7 +3,7 @@
 # and onnxruntime-gpu's libraries in /tmp/ortparts (earlier calls). Every GPU test and benchmark,
 # results into $OUT/gpu-results.tar.gz plus $OUT/log.
 #
-#   bash .gpu/device.sh [ours|core|quick|mini|torch|rest|fix|all]   (default all, one call of at most ~580 s: ours, the
+#   bash .gpu/device.sh [ours|core|quick|mini|torch|rest|fix|memory|all]   (default all, one call of at most ~580 s: ours, the
 #   sweeps, then PyTorch in the time left; torch: the sweeps and PyTorch)
 # `ours`: kernels, labels (CPU against CUDA, host and device I/O paths), benches (Salinas-A and a
 # 1024 x 1024 scene, host against device path, fp32/fp16, CUDA graphs), the CPU path before and
@@ -300,6 +300,7 @@ case $what in
   torch) sweeps; pytorch_ours; pytorch ;;
   rest) sweeps; pytorch ;;
   fix) fix ;;
+  memory) $B simulate --model "$M" --out /tmp/sim --lines 1024 --samples 1024 > /dev/null; memory 8192 2048 ;;
   *) bandwidth; ours; governor; pytorch_ours; sweeps; pytorch ;;
 esac
 tar -C "$(dirname "$R")" -czf "$OUT/gpu-results-$what.tar.gz" gpu-results

@@ -44,15 +44,17 @@ pub(super) fn choose(
 
 /// Runs the scene on the device path. A first batch the provider's arena cannot hold (the plan's
 /// device line counted less than the provider asked for, such as a convolution's workspace) does
-/// not end the run: the buffers are released, the scene starts again at the next smaller bucket,
-/// and the cut is recorded in `changes`, with a warning. Once a batch has completed, an error
-/// ends the run (the governor cuts batches between them).
+/// not end the run: the buffers and the session (`fresh` opens another, with an empty arena) are
+/// released, the scene starts again at the next smaller bucket, and the cut is recorded in
+/// `changes`, with a warning. Once a batch has completed, an error ends the run (the governor
+/// cuts batches between them).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     slot: &mut Option<Resident>,
     cube: &Cube,
     manifest: &Manifest,
     graph: &mut Graph,
+    fresh: &dyn Fn() -> Result<Graph, JobError>,
     run: &mut RunOptions,
     gpu: &GpuOptions,
     progress: &mut dyn FnMut(&BatchDone),
@@ -82,10 +84,12 @@ pub(super) fn run(
                     needed_bytes: 0,
                     psi_some_avg10: None,
                 });
-                // The old buffers go back to the arena first, and the arena gives back what the
-                // failed batch had it take.
+                // A new session, not a shrunk arena: the failed batch's regions, partly reused
+                // by a smaller one, would leave no room for its largest allocation (the 8 GiB
+                // patch run failed again so at the next bucket, H100).
                 *slot = None;
-                graph.shrink_arena_after_next_run();
+                *graph = fresh()?;
+                graph.use_buckets(Buckets::up_to(new));
                 run.batch = new;
                 *slot = Some(Resident::new(
                     cube,

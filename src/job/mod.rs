@@ -208,16 +208,7 @@ impl Job {
         // ask the allocator for it up front).
         run.batch = run.batch.min(pipeline::units(&cube, &manifest, &run).max(1));
         let runtime = Runtime::new(gpu_bounded(&spec.engine, &spec.budget))?;
-        let graph = match mode {
-            Mode::Patch => runtime.graph(&manifest, Role::Patch, &manifest.patch_path())?,
-            Mode::Dense => {
-                let path = manifest.dense_path().ok_or_else(|| PipelineError::NoDense {
-                    manifest: manifest.path.clone(),
-                })?;
-                runtime.graph(&manifest, Role::Dense, &path)?
-            }
-        };
-        let mut graph = graph;
+        let mut graph = open_graph(&runtime, &manifest, mode)?;
         let plan = match spec.batch {
             BatchChoice::Auto => {
                 let knee = cached_knee(&manifest, &graph, mode, &run, &spec.engine, &runtime, &spec.budget);
@@ -323,12 +314,14 @@ impl Job {
                 Ok(staged)
             });
             let gpu = &self.runtime.options().gpu;
+            let mode = self.run.mode;
             let result = match self.resident {
                 Some(_) => device::run(
                     &mut self.resident,
                     &self.cube,
                     &self.manifest,
                     &mut self.graph,
+                    &|| open_graph(&self.runtime, &self.manifest, mode),
                     &mut self.run,
                     gpu,
                     &mut sampling,
@@ -505,3 +498,16 @@ pub use session::{
 };
 pub use spec::{BatchChoice, BudgetSettings, JobSpec, ModeChoice, parse_batch, parse_mode};
 pub use summary::Summary;
+
+/// A session for `mode`'s graph of `manifest`.
+fn open_graph(runtime: &Runtime, manifest: &Manifest, mode: Mode) -> Result<Graph, JobError> {
+    Ok(match mode {
+        Mode::Patch => runtime.graph(manifest, Role::Patch, &manifest.patch_path())?,
+        Mode::Dense => {
+            let path = manifest.dense_path().ok_or_else(|| PipelineError::NoDense {
+                manifest: manifest.path.clone(),
+            })?;
+            runtime.graph(manifest, Role::Dense, &path)?
+        }
+    })
+}
