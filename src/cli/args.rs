@@ -46,8 +46,7 @@ pub struct EngineArgs {
     #[arg(long, value_name = "MIB")]
     pub gpu_mem_limit_mib: Option<u64>,
     /// Capture the device path's batch as a CUDA graph and replay it (cuda, tensorrt; the host
-    /// path runs without). Experimental: dense-mode labels with it are not yet verified on a GPU
-    /// (docs/benchmarks.md).
+    /// path runs without). The batch then stays at the planned one (the governor does not cut it).
     #[arg(long)]
     pub cuda_graph: bool,
     /// Model precision: fp32, or fp16 (the manifest's *_fp16 files).
