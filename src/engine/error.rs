@@ -135,7 +135,7 @@ pub(super) fn innermost_message(e: &(dyn std::error::Error + 'static)) -> Option
 }
 
 /// `e` and each of its causes, joined by `: ` (what the binary prints for an error).
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {

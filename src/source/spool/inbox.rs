@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Instant, SystemTime};
 
 use super::claimed::{self, Claimed, Parts};
-use super::{Notice, Spool, SpoolError, chain, io_err, sync_dir};
+use super::{Notice, Spool, SpoolError, io_err, sync_dir};
 use crate::cube::data_path_for;
+use crate::engine::error_chain;
 use crate::source::check_scene_id;
 use crate::source::file::{FileSource, OpenError};
 
@@ -105,8 +106,8 @@ impl Spool {
                 return Check::Ready;
             }
             // The cube is whole but cannot be streamed: waiting will not mend it.
-            Err(OpenError::Source(e)) => return Check::Reject(chain(&e)),
-            Err(OpenError::Cube(e)) => chain(&e),
+            Err(OpenError::Source(e)) => return Check::Reject(error_chain(&e)),
+            Err(OpenError::Cube(e)) => error_chain(&e),
         };
         let now = Instant::now();
         let (seen, since) = self

@@ -137,18 +137,6 @@ fn sync_dir(dir: &Path) -> Result<(), SpoolError> {
         .map_err(io_err("sync folder", dir))
 }
 
-/// An error and its causes on one line, for reason files and notices.
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cause = c.source();
-    }
-    s
-}
-
 /// Something a scan did besides handing out a scene, for the daemon to log.
 #[derive(Debug)]
 pub enum Notice {

@@ -47,7 +47,7 @@ fn rejected(notices: &[Notice]) -> Vec<(String, String)> {
         .iter()
         .filter_map(|n| match n {
             Notice::Rejected { to, reason, .. } => Some((to.file_name()?.to_str()?.to_string(), reason.clone())),
-            Notice::Skipped(e) => panic!("skipped: {}", chain(e)),
+            Notice::Skipped(e) => panic!("skipped: {}", crate::engine::error_chain(e)),
         })
         .collect()
 }
