@@ -536,7 +536,12 @@ fn batch_auto_is_planned_on_a_strip_once_per_width_and_gives_the_maps_classify_g
     assert!((1..=3).contains(&batch), "{plan}");
     assert_eq!(done[0]["batch"], batch);
     let limited_by = plan["plan"]["limited_by"].as_str().unwrap();
-    assert!(["strip", "plateau", "knee", "memory"].contains(&limited_by), "{plan}");
+    // "tiles": on a busy machine the sweep can still be gaining at the largest batch the
+    // calibration strip lets it time.
+    assert!(
+        ["strip", "plateau", "knee", "memory", "tiles"].contains(&limited_by),
+        "{plan}"
+    );
     assert!(plan["plan"]["memory_units"].as_u64().unwrap() >= batch, "{plan}");
     assert!(plan["plan"]["predicted_peak_bytes"].as_u64().unwrap() <= plan["plan"]["budget_bytes"].as_u64().unwrap());
     assert_eq!(plan["adjustments"], serde_json::json!([]), "{plan}");
