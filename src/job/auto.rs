@@ -9,6 +9,10 @@ use crate::budget::plateau::SweepOutcome;
 /// convolution workspaces): measured 2.2-4.3x on the shipped models by `hsiedge plan`, rounded up.
 pub const PRIOR_WORKSPACE_FACTOR: u64 = 5;
 
+/// The largest device-memory probe of a per-pixel model, samples: large enough that its batch's
+/// memory stands well above the allocator's noise, small enough to take a fraction of a second.
+pub const DEVICE_PROBE_MAX_SAMPLES: u64 = 4096;
+
 /// The scene facts the memory plan needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SceneGeometry {
@@ -155,15 +159,21 @@ pub fn auto_batch(
         .as_ref()
         .filter(|d| !d.integrated)
         .map(|d| gpu.and_then(|(_, l)| l).map_or(d.free_bytes, |l| l.min(d.free_bytes)));
-    let sizes: Vec<u64> = match unit {
-        Unit::Sample => sample_sizes,
-        Unit::Tile => vec![1u64, 4, 8],
-    }
-    .into_iter()
-    .filter(|&b| own.saturating_add(prior.per_unit_bytes.saturating_mul(8 * b)) <= system.budget_bytes)
-    // On a GPU a probe must also fit the device (or the arena's bound) by the same margin.
-    .filter(|&b| device_room.is_none_or(|room| prior.per_unit_bytes.saturating_mul(8 * b) <= room))
-    .collect();
+    let fits = |b: u64| {
+        own.saturating_add(prior.per_unit_bytes.saturating_mul(8 * b)) <= system.budget_bytes
+            // On a GPU a probe must also fit the device (or the arena's bound) by the same margin.
+            && device_room.is_none_or(|room| prior.per_unit_bytes.saturating_mul(8 * b) <= room)
+    };
+    let sizes = probe_sizes(unit, sample_sizes, fits);
+    let device_sizes = match (&device_before, unit) {
+        (Some(_), Unit::Sample) => device_probe_sizes(
+            device_room.unwrap_or_else(|| system.budget_bytes.saturating_sub(own)),
+            prior.per_unit_bytes,
+            scene_units,
+            sizes.iter().copied().max().unwrap_or(0),
+        ),
+        _ => Vec::new(),
+    };
     // Calibration runs the real pipeline (producer, queue, engine) for a few batches at each small
     // size on the scene itself, so in-flight batches, the tile window and allocator behaviour are
     // all in the measured peak. Its batches are timed too: they are the in-run sweep's first points.
@@ -209,6 +219,24 @@ pub fn auto_batch(
         }
         _ => None,
     };
+    if let (Some(d), Some(cube), false) = (&device_before, scene, device_sizes.is_empty()) {
+        let mut samples = Vec::with_capacity(device_sizes.len());
+        for &b in &device_sizes {
+            let opts = RunOptions {
+                batch: usize::try_from(b).unwrap_or(1),
+                ..run.clone()
+            };
+            let Some(sampler) = crate::gpu::memory::PeakSampler::start(d.ordinal).ok().flatten() else {
+                break;
+            };
+            let start = sampler.start_bytes();
+            pipeline::probe(cube, manifest, graph, &opts, run.queue + 3)?;
+            samples.push((b, sampler.stop().saturating_sub(start)));
+        }
+        if samples.len() == device_sizes.len() {
+            device_samples = samples;
+        }
+    }
     let calibration_s = calibration_started.elapsed().as_secs_f64();
     // Without calibration, the prior's per-unit cost is scaled by the largest workspace factor
     // measured on the shipped models, so the plan errs towards smaller batches.
@@ -256,11 +284,13 @@ pub fn auto_batch(
             budget::device::DevicePlan::shared(used, samples)
         } else {
             let limit = gpu.and_then(|(_, l)| l);
-            // The device path keeps its bound input and output allocated through the run, where
-            // the probes' session frees its copy of the input early: both are charged per unit.
-            // So are its two raw-window slots (one preprocessed while the next is uploaded): per
-            // unit in dense mode, one window each (and the planar window) in patch mode.
-            let bound = in_bytes + out_bytes;
+            // The probes' session copies each batch's input to the device and its output back
+            // through its arena: the device path's bound input and output take their place, so
+            // they are not charged again (measured on an H100: 300 MB a 256-pixel tile in the
+            // probes, 414 MB in the device path, whose raw slots are the 115 MB between). The
+            // device path's two raw-window slots (one preprocessed while the next is uploaded)
+            // are its own: per unit in dense mode, one window each (and the planar window) in
+            // patch mode.
             let raw_window = (bands * grid.window_h() * grid.window_w() * cube.sample_bytes) as u64;
             let (raw_unit, raw_fixed) = match run.mode {
                 Mode::Dense => (2 * raw_window, 0),
@@ -268,10 +298,10 @@ pub fn auto_batch(
             };
             let samples = samples
                 .into_iter()
-                .map(|(b, m)| (b, m + (bound + raw_unit) * b + raw_fixed))
+                .map(|(b, m)| (b, m + raw_unit * b + raw_fixed))
                 .collect();
             budget::device::DevicePlan::discrete(d.free_bytes, limit, used, samples, settings.frag_margin)
-                .at_least_per_unit(prior.per_unit_bytes + bound + raw_unit)
+                .at_least_per_unit(prior.per_unit_bytes + raw_unit)
         }
     });
     // On an integrated GPU the device's memory is the host's: its line joins the host's cost.
@@ -386,6 +416,35 @@ pub fn auto_batch(
         knee_file: knee.map(|(_, p)| p),
         device,
     })
+}
+
+/// The calibration probes' batch sizes: a per-pixel model's `sample_sizes`, or 1, 4 and 8 tiles,
+/// each kept only where it `fits` by the calibration margin. Where 4 tiles do not fit (a small
+/// arena bound), 1 and 2 still give a line.
+fn probe_sizes(unit: Unit, sample_sizes: Vec<u64>, fits: impl Fn(u64) -> bool) -> Vec<u64> {
+    match unit {
+        Unit::Sample => sample_sizes.into_iter().filter(|&b| fits(b)).collect(),
+        Unit::Tile if fits(4) => [1u64, 4, 8].into_iter().filter(|&b| fits(b)).collect(),
+        Unit::Tile => [1u64, 2].into_iter().filter(|&b| fits(b)).collect(),
+    }
+}
+
+/// A per-pixel model's device-memory probes. Sized for the host's allocator noise, its
+/// calibration probes add tens of MiB on the device, inside what the device allocator and cuDNN
+/// already hold, and their slope is noise. Two more probes measure the device line: the largest
+/// power of two whose prior cost fits `room` eight times over (at most
+/// [`DEVICE_PROBE_MAX_SAMPLES`] and the scene's `scene_units`), and a quarter of it. None when
+/// they would be no larger than the host's probes (`largest_host`).
+fn device_probe_sizes(room: u64, prior_per_unit: u64, scene_units: u64, largest_host: u64) -> Vec<u64> {
+    let top = (room / prior_per_unit.saturating_mul(8).max(1))
+        .min(DEVICE_PROBE_MAX_SAMPLES)
+        .min(scene_units);
+    let top = top.checked_ilog2().map_or(0, |e| 1u64 << e);
+    if top / 4 > largest_host {
+        vec![top / 4, top]
+    } else {
+        Vec::new()
+    }
 }
 
 /// Batch buffers a run holds besides the running batch's: the pipeline's pool limit less one.
@@ -505,4 +564,40 @@ pub fn with_peak_anon<T>(root: &Path, f: impl FnOnce() -> T) -> (T, u64) {
         sampler.thread().unpark();
         (result, sampler.join().unwrap_or(0))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn a_small_arena_bound_still_gets_a_two_point_tile_line() {
+        // Salinas-A's dense twin, 256-pixel tiles of a float32 scene: 69.8 MB a tile by the graph.
+        let prior = 69_832_704u64;
+        let fits = |room: u64| move |b: u64| prior * 8 * b <= room;
+        assert_eq!(probe_sizes(Unit::Tile, vec![], fits(8 * GIB)), vec![1, 4, 8]);
+        // Under a 2 GiB bound 4 tiles do not fit eight times over; before, one size was left and
+        // nothing was calibrated.
+        assert_eq!(probe_sizes(Unit::Tile, vec![], fits(2 * GIB)), vec![1, 2]);
+        assert_eq!(probe_sizes(Unit::Tile, vec![], fits(GIB / 2)), Vec::<u64>::new());
+        assert_eq!(probe_sizes(Unit::Sample, vec![15, 61, 185], |b| b < 100), vec![15, 61]);
+    }
+
+    #[test]
+    fn device_probes_of_a_per_pixel_model_scale_with_the_device_room() {
+        // The patch model: 108 KB a patch by the graph; the host's probes go to 185 patches.
+        let prior = 108_376u64;
+        assert_eq!(device_probe_sizes(2 * GIB, prior, 1 << 20, 185), vec![512, 2048]);
+        assert_eq!(device_probe_sizes(8 * GIB, prior, 1 << 20, 185), vec![1024, 4096]);
+        assert_eq!(device_probe_sizes(80 * GIB, prior, 1 << 20, 185), vec![1024, 4096]);
+        // The scene bounds them (Salinas-A: 7,138 pixels; a 3,000-pixel scene: 2,048).
+        assert_eq!(device_probe_sizes(80 * GIB, prior, 7_138, 185), vec![1024, 4096]);
+        assert_eq!(device_probe_sizes(80 * GIB, prior, 3_000, 185), vec![512, 2048]);
+        // No larger than the host's own probes: none.
+        assert_eq!(device_probe_sizes(80 * GIB, prior, 1_000, 1_000), Vec::<u64>::new());
+        assert_eq!(device_probe_sizes(0, prior, 1 << 20, 185), Vec::<u64>::new());
+        assert_eq!(device_probe_sizes(GIB, 0, 0, 0), Vec::<u64>::new());
+    }
 }
