@@ -94,7 +94,13 @@ pub enum Limit {
     /// One tile row of a stream: a batch that spans into the next row would hold a finished row
     /// back until lines of the next one arrive.
     Strip,
+    /// The largest batch a GPU provider runs ([`GPU_MAX_BATCH`]).
+    GpuBatch,
 }
+
+/// The largest batch a GPU provider runs: on the CUDA provider cuDNN's first convolution of the
+/// patch model fails at a batch of 65,536 and runs at 65,535 (a CUDA grid dimension's bound).
+pub const GPU_MAX_BATCH: u64 = 65_535;
 
 impl fmt::Display for Limit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -105,6 +111,7 @@ impl fmt::Display for Limit {
             Self::Tiles => "the scene's tiles",
             Self::Knee => "the plateau knee",
             Self::Strip => "one tile row of the stream",
+            Self::GpuBatch => "the largest batch a GPU provider runs (65,535)",
         })
     }
 }

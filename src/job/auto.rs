@@ -324,13 +324,18 @@ pub fn auto_batch(
     let host_units = lo;
     let device_units = device.as_ref().map_or(u64::MAX, |d| d.units_safe);
     let memory_units = host_units.min(device_units);
+    let gpu_units = match gpu {
+        Some(_) => budget::choose::GPU_MAX_BATCH,
+        None => u64::MAX,
+    };
+    let bounded_units = memory_units.min(gpu_units);
     let mut choose = ChooseConfig {
         frag_margin: settings.frag_margin,
         max_units: settings.max_units,
         scene_units: Some(scene_units.max(1)),
         knee: knee.as_ref().map(|(k, _)| *k),
     };
-    let ceiling = budget::choose::cap(memory_units, unit, &choose).ceiling;
+    let ceiling = budget::choose::cap(bounded_units, unit, &choose).ceiling;
     // The in-run sweep: only below a ceiling that fits, with a scene to run, and no cached knee.
     let sweep = match scene {
         Some(cube) if ceiling > 0 && choose.knee.is_none() && settings.sweep => {
@@ -359,7 +364,14 @@ pub fn auto_batch(
         }
         _ => None,
     };
-    let capped = budget::choose::cap(memory_units, unit, &choose);
+    let mut capped = budget::choose::cap(bounded_units, unit, &choose);
+    if gpu_units < memory_units {
+        for l in [&mut capped.limited_by, &mut capped.ceiling_limited_by] {
+            if *l == budget::Limit::Memory {
+                *l = budget::Limit::GpuBatch;
+            }
+        }
+    }
     let mut limited_by = capped.limited_by;
     if let Some(s) = &sweep
         && limited_by == budget::Limit::Knee

@@ -208,6 +208,7 @@ impl Job {
         // ask the allocator for it up front).
         run.batch = run.batch.min(pipeline::units(&cube, &manifest, &run).max(1));
         let runtime = Runtime::new(gpu_bounded(&spec.engine, &spec.budget))?;
+        gpu_batch_fits(&runtime, run.batch, "--batch")?;
         let mut graph = open_graph(&runtime, &manifest, mode)?;
         let plan = match spec.batch {
             BatchChoice::Auto => {
@@ -498,6 +499,23 @@ pub use session::{
 };
 pub use spec::{BatchChoice, BudgetSettings, JobSpec, ModeChoice, parse_batch, parse_mode};
 pub use summary::Summary;
+
+/// A fixed batch above what a GPU provider runs ([`budget::choose::GPU_MAX_BATCH`]) is refused
+/// before the scene is read, naming the setting: cuDNN would fail at its first batch.
+pub(crate) fn gpu_batch_fits(runtime: &Runtime, batch: usize, setting: &'static str) -> Result<(), JobError> {
+    let max = budget::choose::GPU_MAX_BATCH;
+    if runtime.provider().on_gpu() && batch as u64 > max {
+        return Err(JobError::Setting {
+            name: setting,
+            value: batch.to_string(),
+            message: format!(
+                "the {} provider runs at most {max} a batch (cuDNN's convolutions fail at 65,536)",
+                runtime.provider()
+            ),
+        });
+    }
+    Ok(())
+}
 
 /// A session for `mode`'s graph of `manifest`.
 fn open_graph(runtime: &Runtime, manifest: &Manifest, mode: Mode) -> Result<Graph, JobError> {

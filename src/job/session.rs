@@ -239,6 +239,7 @@ impl ModelSession {
                 (default, Some(state))
             }
         };
+        super::gpu_batch_fits(&runtime, batch, "models.batch")?;
         if let Some(b) = stream_buckets(runtime.provider().on_gpu(), &[batch]) {
             graph.use_buckets(b);
         }
