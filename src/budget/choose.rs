@@ -111,7 +111,7 @@ impl fmt::Display for Limit {
             Self::Tiles => "the scene's tiles",
             Self::Knee => "the plateau knee",
             Self::Strip => "one tile row of the stream",
-            Self::GpuBatch => "the largest batch a GPU provider runs (65,535)",
+            Self::GpuBatch => "the largest batch a GPU provider runs",
         })
     }
 }
@@ -127,6 +127,21 @@ pub struct Capped {
     pub units: u64,
     /// What bound `units`.
     pub limited_by: Limit,
+}
+
+/// [`cap`] on a GPU provider: `memory_units` first lowered to `gpu_units` (the largest batch the
+/// provider runs), named [`Limit::GpuBatch`] where it, not memory, is what `--max-batch`, the
+/// scene and the knee then leave standing. A tie with `--max-batch` or the scene names the GPU.
+pub fn cap_gpu(memory_units: u64, gpu_units: u64, unit: Unit, cfg: &ChooseConfig) -> Capped {
+    let mut c = cap(memory_units.min(gpu_units), unit, cfg);
+    if gpu_units < memory_units {
+        for l in [&mut c.limited_by, &mut c.ceiling_limited_by] {
+            if *l == Limit::Memory {
+                *l = Limit::GpuBatch;
+            }
+        }
+    }
+    c
 }
 
 /// Caps `memory_units` by `--max-batch`, then the scene, then the knee; each cap that lowers the
@@ -279,6 +294,40 @@ mod tests {
     use super::*;
 
     const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn a_gpu_provider_stops_at_its_largest_batch_and_says_so() {
+        let cfg = |max_units, scene_units, knee| ChooseConfig {
+            frag_margin: 0.1,
+            max_units,
+            scene_units,
+            knee,
+        };
+        let c = cap_gpu(254_350, GPU_MAX_BATCH, Unit::Sample, &cfg(1 << 20, Some(1 << 20), None));
+        assert_eq!((c.units, c.limited_by), (GPU_MAX_BATCH, Limit::GpuBatch));
+        assert_eq!(c.ceiling_limited_by, Limit::GpuBatch);
+        // Memory below the GPU's bound: memory binds, as on the CPU.
+        let c = cap_gpu(28_154, GPU_MAX_BATCH, Unit::Sample, &cfg(1 << 20, None, None));
+        assert_eq!((c.units, c.limited_by), (28_154, Limit::Memory));
+        // --max-batch, the scene and the knee below it keep their names.
+        let c = cap_gpu(254_350, GPU_MAX_BATCH, Unit::Sample, &cfg(8192, None, None));
+        assert_eq!((c.units, c.limited_by), (8192, Limit::MaxBatch));
+        let c = cap_gpu(254_350, GPU_MAX_BATCH, Unit::Tile, &cfg(1 << 20, Some(16), None));
+        assert_eq!((c.units, c.limited_by), (16, Limit::Tiles));
+        let c = cap_gpu(254_350, GPU_MAX_BATCH, Unit::Sample, &cfg(1 << 20, None, Some(128)));
+        assert_eq!(
+            (c.units, c.limited_by, c.ceiling_limited_by),
+            (128, Limit::Knee, Limit::GpuBatch)
+        );
+        // A tie with --max-batch names the GPU; no GPU (u64::MAX) is the plain cap.
+        let c = cap_gpu(254_350, GPU_MAX_BATCH, Unit::Sample, &cfg(GPU_MAX_BATCH, None, None));
+        assert_eq!(c.limited_by, Limit::GpuBatch);
+        assert_eq!(
+            cap_gpu(500, u64::MAX, Unit::Sample, &cfg(8192, None, None)),
+            cap(500, Unit::Sample, &cfg(8192, None, None))
+        );
+        assert_eq!(serde_json::to_string(&Limit::GpuBatch).unwrap(), "\"gpu_batch\"");
+    }
 
     #[test]
     fn b_safe_formula() {

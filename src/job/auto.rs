@@ -159,19 +159,27 @@ pub fn auto_batch(
         .as_ref()
         .filter(|d| !d.integrated)
         .map(|d| gpu.and_then(|(_, l)| l).map_or(d.free_bytes, |l| l.min(d.free_bytes)));
+    let fits_host = |b: u64| own.saturating_add(prior.per_unit_bytes.saturating_mul(8 * b)) <= system.budget_bytes;
     let fits = |b: u64| {
-        own.saturating_add(prior.per_unit_bytes.saturating_mul(8 * b)) <= system.budget_bytes
-            // On a GPU a probe must also fit the device (or the arena's bound) by the same margin.
+        fits_host(b)
+            // On a GPU a probe must also fit the device (or the arena's bound) by the same margin,
+            // and run at all.
             && device_room.is_none_or(|room| prior.per_unit_bytes.saturating_mul(8 * b) <= room)
+            && (gpu.is_none() || b <= budget::choose::GPU_MAX_BATCH)
     };
-    let sizes = probe_sizes(unit, sample_sizes, fits);
-    let device_sizes = match (&device_before, unit) {
-        (Some(_), Unit::Sample) => device_probe_sizes(
-            device_room.unwrap_or_else(|| system.budget_bytes.saturating_sub(own)),
+    let sizes = probe_sizes(unit, sample_sizes, device_room.is_some(), fits);
+    // A discrete GPU's per-pixel model gets device-sized probes (an integrated GPU's memory is the
+    // host's, which the calibration probes already measure).
+    let device_sizes = match (device_room, unit) {
+        (Some(room), Unit::Sample) => device_probe_sizes(
+            room,
             prior.per_unit_bytes,
             scene_units,
             sizes.iter().copied().max().unwrap_or(0),
-        ),
+        )
+        .into_iter()
+        .filter(|&b| fits_host(b))
+        .collect::<Vec<_>>(),
         _ => Vec::new(),
     };
     // Calibration runs the real pipeline (producer, queue, engine) for a few batches at each small
@@ -328,14 +336,13 @@ pub fn auto_batch(
         Some(_) => budget::choose::GPU_MAX_BATCH,
         None => u64::MAX,
     };
-    let bounded_units = memory_units.min(gpu_units);
     let mut choose = ChooseConfig {
         frag_margin: settings.frag_margin,
         max_units: settings.max_units,
         scene_units: Some(scene_units.max(1)),
         knee: knee.as_ref().map(|(k, _)| *k),
     };
-    let ceiling = budget::choose::cap(bounded_units, unit, &choose).ceiling;
+    let ceiling = budget::choose::cap_gpu(memory_units, gpu_units, unit, &choose).ceiling;
     // The in-run sweep: only below a ceiling that fits, with a scene to run, and no cached knee.
     let sweep = match scene {
         Some(cube) if ceiling > 0 && choose.knee.is_none() && settings.sweep => {
@@ -364,14 +371,7 @@ pub fn auto_batch(
         }
         _ => None,
     };
-    let mut capped = budget::choose::cap(bounded_units, unit, &choose);
-    if gpu_units < memory_units {
-        for l in [&mut capped.limited_by, &mut capped.ceiling_limited_by] {
-            if *l == budget::Limit::Memory {
-                *l = budget::Limit::GpuBatch;
-            }
-        }
-    }
+    let capped = budget::choose::cap_gpu(memory_units, gpu_units, unit, &choose);
     let mut limited_by = capped.limited_by;
     if let Some(s) = &sweep
         && limited_by == budget::Limit::Knee
@@ -431,13 +431,14 @@ pub fn auto_batch(
 }
 
 /// The calibration probes' batch sizes: a per-pixel model's `sample_sizes`, or 1, 4 and 8 tiles,
-/// each kept only where it `fits` by the calibration margin. Where 4 tiles do not fit (a small
-/// arena bound), 1 and 2 still give a line.
-fn probe_sizes(unit: Unit, sample_sizes: Vec<u64>, fits: impl Fn(u64) -> bool) -> Vec<u64> {
+/// each kept only where it `fits` by the calibration margin. On a discrete GPU (`on_device`),
+/// where 4 tiles do not fit (a small arena bound), 1 and 2 still give the device line; on the
+/// host, a budget that tight keeps the graph's prior instead.
+fn probe_sizes(unit: Unit, sample_sizes: Vec<u64>, on_device: bool, fits: impl Fn(u64) -> bool) -> Vec<u64> {
     match unit {
         Unit::Sample => sample_sizes.into_iter().filter(|&b| fits(b)).collect(),
-        Unit::Tile if fits(4) => [1u64, 4, 8].into_iter().filter(|&b| fits(b)).collect(),
-        Unit::Tile => [1u64, 2].into_iter().filter(|&b| fits(b)).collect(),
+        Unit::Tile if on_device && !fits(4) => [1u64, 2].into_iter().filter(|&b| fits(b)).collect(),
+        Unit::Tile => [1u64, 4, 8].into_iter().filter(|&b| fits(b)).collect(),
     }
 }
 
@@ -589,12 +590,17 @@ mod tests {
         // Salinas-A's dense twin, 256-pixel tiles of a float32 scene: 69.8 MB a tile by the graph.
         let prior = 69_832_704u64;
         let fits = |room: u64| move |b: u64| prior * 8 * b <= room;
-        assert_eq!(probe_sizes(Unit::Tile, vec![], fits(8 * GIB)), vec![1, 4, 8]);
+        assert_eq!(probe_sizes(Unit::Tile, vec![], true, fits(8 * GIB)), vec![1, 4, 8]);
         // Under a 2 GiB bound 4 tiles do not fit eight times over; before, one size was left and
         // nothing was calibrated.
-        assert_eq!(probe_sizes(Unit::Tile, vec![], fits(2 * GIB)), vec![1, 2]);
-        assert_eq!(probe_sizes(Unit::Tile, vec![], fits(GIB / 2)), Vec::<u64>::new());
-        assert_eq!(probe_sizes(Unit::Sample, vec![15, 61, 185], |b| b < 100), vec![15, 61]);
+        assert_eq!(probe_sizes(Unit::Tile, vec![], true, fits(2 * GIB)), vec![1, 2]);
+        assert_eq!(probe_sizes(Unit::Tile, vec![], true, fits(GIB / 2)), Vec::<u64>::new());
+        // The host keeps what it did: 1 tile alone, no calibration, the prior.
+        assert_eq!(probe_sizes(Unit::Tile, vec![], false, fits(2 * GIB)), vec![1]);
+        assert_eq!(
+            probe_sizes(Unit::Sample, vec![15, 61, 185], false, |b| b < 100),
+            vec![15, 61]
+        );
     }
 
     #[test]

@@ -509,8 +509,9 @@ pub(crate) fn gpu_batch_fits(runtime: &Runtime, batch: usize, setting: &'static 
             name: setting,
             value: batch.to_string(),
             message: format!(
-                "the {} provider runs at most {max} a batch (cuDNN's convolutions fail at 65,536)",
-                runtime.provider()
+                "the {} provider runs at most {max} a batch (on the CUDA provider cuDNN's convolutions fail at {})",
+                runtime.provider(),
+                max + 1
             ),
         });
     }

@@ -214,6 +214,9 @@ impl ModelSession {
             _ => BudgetSettings::default(),
         };
         let runtime = Runtime::new(super::gpu_bounded(&spec.engine, &frag))?;
+        if let SessionBatch::Fixed(b) = &spec.batch {
+            super::gpu_batch_fits(&runtime, *b, "models.batch")?;
+        }
         let mut graph = match mode {
             Mode::Patch => runtime.graph(&manifest, Role::Patch, &manifest.patch_path())?,
             Mode::Dense => {
@@ -239,7 +242,6 @@ impl ModelSession {
                 (default, Some(state))
             }
         };
-        super::gpu_batch_fits(&runtime, batch, "models.batch")?;
         if let Some(b) = stream_buckets(runtime.provider().on_gpu(), &[batch]) {
             graph.use_buckets(b);
         }
