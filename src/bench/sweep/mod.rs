@@ -302,6 +302,13 @@ impl Bench {
             .map_err(JobError::from)?;
             let usable = (system.budget_bytes as f64 * (1.0 - opts.frag_margin)) as u64;
             budget_at_start.get_or_insert_with(|| (usable, system.binding.name().to_string()));
+            if graph.device().is_some() && b > budget::choose::GPU_MAX_BATCH {
+                stopped = format!(
+                    "the largest batch a GPU provider runs: {} (batch {b} asked)",
+                    budget::choose::GPU_MAX_BATCH
+                );
+                break;
+            }
             let need = own.saturating_add(b.saturating_mul(self.prior_per_unit));
             if need > usable {
                 stopped = format!(
