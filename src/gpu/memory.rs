@@ -71,9 +71,10 @@ impl PeakSampler {
         }))
     }
 
-    /// Device memory in use when sampling started, bytes.
-    pub fn start_bytes(&self) -> u64 {
-        self.start
+    /// Stops sampling: what the highest reading added to the first, bytes.
+    pub fn stop_added(self) -> u64 {
+        let start = self.start;
+        self.stop().saturating_sub(start)
     }
 
     /// Stops sampling: the highest reading (at least the first), bytes.

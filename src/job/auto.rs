@@ -210,8 +210,7 @@ pub fn auto_batch(
                 // A batch larger than the scene runs at the scene's size: timed as what it is.
                 let ran = b.min(scene_units);
                 if let Some(d) = device {
-                    let start = d.start_bytes();
-                    device_samples.push((ran, d.stop().saturating_sub(start)));
+                    device_samples.push((ran, d.stop_added()));
                 }
                 if let Some(p) = budget::plateau::point_from_runs(ran, &result?) {
                     budget::plateau::put(&mut timed, p);
@@ -237,9 +236,8 @@ pub fn auto_batch(
             let Some(sampler) = crate::gpu::memory::PeakSampler::start(d.ordinal).ok().flatten() else {
                 break;
             };
-            let start = sampler.start_bytes();
             pipeline::probe(cube, manifest, graph, &opts, run.queue + 3)?;
-            samples.push((b, sampler.stop().saturating_sub(start)));
+            samples.push((b, sampler.stop_added()));
         }
         if samples.len() == device_sizes.len() {
             device_samples = samples;

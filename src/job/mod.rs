@@ -519,7 +519,7 @@ pub(crate) fn gpu_batch_fits(runtime: &Runtime, batch: usize, setting: &'static 
 }
 
 /// A session for `mode`'s graph of `manifest`.
-fn open_graph(runtime: &Runtime, manifest: &Manifest, mode: Mode) -> Result<Graph, JobError> {
+pub(super) fn open_graph(runtime: &Runtime, manifest: &Manifest, mode: Mode) -> Result<Graph, JobError> {
     Ok(match mode {
         Mode::Patch => runtime.graph(manifest, Role::Patch, &manifest.patch_path())?,
         Mode::Dense => {

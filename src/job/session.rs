@@ -10,7 +10,7 @@ use crate::budget::{Adjustment, Limit};
 use crate::cube::{Cube, DataType, Header, Interleave};
 use crate::engine::{EngineOptions, Graph, Runtime};
 use crate::map::{SegmentOptions, SegmentRecord, SegmentWriter};
-use crate::model::{Manifest, Role, Task};
+use crate::model::{Manifest, Task};
 use crate::pipeline::{self, BufferPool, Input, LineRing, Mode, PipelineError, RunOptions, RunStats};
 use crate::source::{LineSource, SourceStats};
 
@@ -217,15 +217,7 @@ impl ModelSession {
         if let SessionBatch::Fixed(b) = &spec.batch {
             super::gpu_batch_fits(&runtime, *b, "models.batch")?;
         }
-        let mut graph = match mode {
-            Mode::Patch => runtime.graph(&manifest, Role::Patch, &manifest.patch_path())?,
-            Mode::Dense => {
-                let path = manifest.dense_path().ok_or_else(|| PipelineError::NoDense {
-                    manifest: manifest.path.clone(),
-                })?;
-                runtime.graph(&manifest, Role::Dense, &path)?
-            }
-        };
+        let mut graph = super::open_graph(&runtime, &manifest, mode)?;
         let default = match mode {
             Mode::Patch => DEFAULT_PATCH_BATCH,
             Mode::Dense => DEFAULT_DENSE_BATCH,
