@@ -266,6 +266,47 @@ SCENE=/tmp/sim16/scene.hdr big i16_fp16_device_b4 --io device --precision fp16 -
 memory 8192
 }
 
+# `mapped`: uploads straight from the registered mapping against host-gathered windows
+# (HSIEDGE_DEVICE_UPLOAD=gathered), alternated in one call: kernels (the box cases), labels on
+# Salinas-A and the 1024 x 1024 scene, the dense and patch benches, the 8 GiB plan, then PyTorch.
+mapped() {
+step device; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$R/device.csv"
+step kernels; $B gpu check > "$R/check.json"; echo "rc=$?"; grep -E '"(kernel|pass)"' "$R/check.json" | sort | uniq -c
+step mapped-labels
+for mode in patch dense; do
+  $B classify "$S" --model "$M" --out /tmp/o/cpu-$mode --mode $mode --batch 64 --json > "$R/classify_cpu_$mode.json"
+  for v in "fp32:mapped" "fp16:mapped" "fp32:gathered"; do
+    p=${v%%:*}; u=${v#*:}
+    HSIEDGE_DEVICE_UPLOAD=$u timeout 60 $B classify "$S" --model "$M" --out /tmp/o/cuda-$mode-$p-$u --mode $mode --batch 64 --ep cuda --io device --precision $p \
+      --json > "$R/classify_cuda_${mode}_${p}_$u.json" 2> "$R/classify_cuda_${mode}_${p}_$u.err"; echo "classify $mode $p $u rc=$?"; tail -1 "$R/classify_cuda_${mode}_${p}_$u.err"
+    python3 -c "import sys,json; a=open(sys.argv[1],'rb').read(); b=open(sys.argv[2],'rb').read(); d=json.load(open(sys.argv[4])); print(sys.argv[3], 'agreement', sum(x==y for x,y in zip(a,b))/len(a), 'upload', d['device_io']['upload'], d['device_io'].get('upload_fallback'))" \
+      /tmp/o/cpu-$mode/class_map.img /tmp/o/cuda-$mode-$p-$u/class_map.img "$mode $p $u" "$R/classify_cuda_${mode}_${p}_$u.json" 2>&1 | tee -a "$R/mapped_agreement.txt"
+  done
+done
+$B simulate --model "$M" --out /tmp/sim16 --lines 1024 --samples 1024 --int16 > /dev/null; echo "simulate int16 rc=$?"
+$B simulate --model "$M" --out /tmp/sim --lines 1024 --samples 1024 > /dev/null; echo "simulate rc=$?"
+$B simulate --model "$M" --out /tmp/sim512 --lines 512 --samples 512 --int16 > /dev/null; echo "simulate 512 int16 rc=$?"
+for u in mapped gathered; do
+  HSIEDGE_DEVICE_UPLOAD=$u timeout 60 $B classify /tmp/sim16/scene.hdr --model "$M" --out /tmp/o/sim16-$u --mode dense --tile 256 --batch 4 --ep cuda --io device --json > "$R/classify_sim16_$u.json" 2>&1; echo "sim16 dense $u rc=$?"
+done
+cmp /tmp/o/sim16-mapped/class_map.img /tmp/o/sim16-gathered/class_map.img && echo "sim16 dense: mapped and gathered class maps identical" | tee -a "$R/mapped_agreement.txt"
+step mapped-bench
+for i in 1 2; do
+  for u in mapped gathered; do
+    HSIEDGE_DEVICE_UPLOAD=$u SCENE=/tmp/sim16/scene.hdr big i16_fp16_b4_${u}_$i --io device --precision fp16 --dense-batch 4
+  done
+done
+for u in mapped gathered; do
+  HSIEDGE_DEVICE_UPLOAD=$u SCENE=/tmp/sim16/scene.hdr big i16_fp16_b2_$u --io device --precision fp16 --dense-batch 2
+  HSIEDGE_DEVICE_UPLOAD=$u SCENE=/tmp/sim16/scene.hdr big i16_fp16_b16_$u --io device --precision fp16 --dense-batch 16
+  HSIEDGE_DEVICE_UPLOAD=$u SCENE=/tmp/sim16/scene.hdr big i16_fp32_b4_$u --io device --dense-batch 4
+  HSIEDGE_DEVICE_UPLOAD=$u big f32_fp16_b4_$u --io device --precision fp16 --dense-batch 4
+  HSIEDGE_DEVICE_UPLOAD=$u patchbig fp32_$u --io device --batch 1024
+  HSIEDGE_DEVICE_UPLOAD=$u patchbig fp16_$u --io device --precision fp16 --batch 1024
+done
+memory 8192
+}
+
 sweeps() {
 step sweep
 for mode in patch dense; do
@@ -300,6 +341,7 @@ case $what in
   torch) sweeps; pytorch_ours; pytorch ;;
   rest) sweeps; pytorch ;;
   fix) fix ;;
+  mapped) bandwidth; mapped; pytorch_ours; pytorch ;;
   memory) $B simulate --model "$M" --out /tmp/sim --lines 1024 --samples 1024 > /dev/null; memory 8192 2048 ;;
   *) bandwidth; ours; governor; pytorch_ours; sweeps; pytorch ;;
 esac

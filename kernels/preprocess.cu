@@ -63,6 +63,49 @@ extern "C" __global__ void preprocess_f32(const float* raw, int interleave, int 
     preprocess<float>(raw, interleave, swap, lines, samples, bands, mean, inv_std, out);
 }
 
+// The same from a box of the file read straight from the mapped scene: `raw` holds scene lines
+// l0 .. l0 + box_lines and samples c0 .. c0 + box_samples in the file's interleave, and output
+// window line y, sample x reads scene line lines[y], sample cols[x] (the tile grid's window indices,
+// its reflections at the scene's borders included), all inside the box.
+template <typename T>
+__device__ __forceinline__ void preprocess_box(const T* raw, int interleave, int swap, int box_lines,
+                                               int box_samples, int bands, const int* lines, const int* cols,
+                                               int l0, int c0, int wh, int ww, const float* mean,
+                                               const float* inv_std, float* out) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long n = (long long)wh * ww * bands;
+    if (i >= n) return;
+    int x = (int)(i % ww);
+    long long t = i / ww;
+    int y = (int)(t % wh);
+    int b = (int)(t / wh);
+    int sy = lines[y] - l0;
+    int sx = cols[x] - c0;
+    long long src;
+    if (interleave == 0) {
+        src = ((long long)b * box_lines + sy) * box_samples + sx;
+    } else if (interleave == 1) {
+        src = ((long long)sy * bands + b) * box_samples + sx;
+    } else {
+        src = ((long long)sy * box_samples + sx) * bands + b;
+    }
+    T v = raw[src];
+    if (swap) v = swap_bytes<T>(v);
+    out[i] = ((float)v - mean[b]) * inv_std[b];
+}
+
+#define PREPROCESS_BOX(name, T)                                                                                 \
+    extern "C" __global__ void name(const T* raw, int interleave, int swap, int box_lines, int box_samples,     \
+                                    int bands, const int* lines, const int* cols, int l0, int c0, int wh, int ww, \
+                                    const float* mean, const float* inv_std, float* out) {                       \
+        preprocess_box<T>(raw, interleave, swap, box_lines, box_samples, bands, lines, cols, l0, c0, wh, ww,     \
+                          mean, inv_std, out);                                                                   \
+    }
+
+PREPROCESS_BOX(preprocess_box_i16, short)
+PREPROCESS_BOX(preprocess_box_u16, unsigned short)
+PREPROCESS_BOX(preprocess_box_f32, float)
+
 // Patch mode on the device: the p x p patches of `n` consecutive output pixels of one tile, read
 // from its normalised planar window (bands x wh x ww), written as the model's [n][bands][p][p]
 // input. Output pixel q of the tile (row-major over a tile `tw` wide) has its patch's top-left

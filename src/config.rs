@@ -101,6 +101,31 @@ pub const HOME: EnvVar = EnvVar {
     meaning: "sweeps go to $HOME/.cache/hsiedge when neither cache variable is set",
 };
 
+/// How the device path (`--io device`) gets raw windows onto the GPU.
+pub const HSIEDGE_DEVICE_UPLOAD: EnvVar = EnvVar {
+    name: "HSIEDGE_DEVICE_UPLOAD",
+    default: "mapped",
+    meaning: "`mapped`: the GPU copies boxes straight from the scene's registered file mapping (falls back to `gathered`, with a warning, where registering fails); `gathered`: host threads copy each window into pinned buffers first",
+};
+
+/// The device path's upload, from [`HSIEDGE_DEVICE_UPLOAD`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceUpload {
+    /// Copied by the device from the registered mapping.
+    Mapped,
+    /// Copied on the host first.
+    Gathered,
+}
+
+/// [`HSIEDGE_DEVICE_UPLOAD`]'s value, or the value it does not know.
+pub fn device_upload() -> Result<DeviceUpload, String> {
+    match HSIEDGE_DEVICE_UPLOAD.get().as_deref().map(str::trim) {
+        None | Some("") | Some("mapped") => Ok(DeviceUpload::Mapped),
+        Some("gathered") => Ok(DeviceUpload::Gathered),
+        Some(other) => Err(other.to_string()),
+    }
+}
+
 /// A fault to inject, for the crash tests of the output commit.
 pub const HSIEDGE_FAILPOINT: EnvVar = EnvVar {
     name: "HSIEDGE_FAILPOINT",
@@ -139,6 +164,7 @@ pub const ALL: &[EnvVar] = &[
     HSIEDGE_CACHE_DIR,
     XDG_CACHE_HOME,
     HOME,
+    HSIEDGE_DEVICE_UPLOAD,
     HSIEDGE_FAILPOINT,
     NOTIFY_SOCKET,
     WATCHDOG_USEC,

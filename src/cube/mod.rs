@@ -80,12 +80,25 @@ fn display_paths(paths: &[PathBuf]) -> String {
         .join(", ")
 }
 
+/// Values tied to a cube's mapping ([`Cube::keep_while_mapped`]).
+#[derive(Default)]
+struct Kept(std::sync::Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>);
+
+impl std::fmt::Debug for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self.0.lock().map_or(0, |k| k.len());
+        write!(f, "Kept({n})")
+    }
+}
+
 /// A cube on disk, mapped read-only.
 #[derive(Debug)]
 pub struct Cube {
     header: Header,
     header_path: PathBuf,
     data_path: PathBuf,
+    /// What must be released before the mapping is (declared before `map`, so dropped first).
+    kept: Kept,
     map: crate::ffi::Mapping,
     warnings: Vec<String>,
 }
@@ -146,6 +159,7 @@ impl Cube {
             header,
             header_path,
             data_path,
+            kept: Kept::default(),
             map,
             warnings,
         })
@@ -195,6 +209,29 @@ impl Cube {
     /// copies a window's raw samples from here and decodes them on the GPU.
     pub fn data_bytes(&self) -> &[u8] {
         self.data()
+    }
+
+    /// The whole mapping, page-aligned at its start (the header bytes included): what a device
+    /// registers to read the samples straight from the page cache.
+    pub fn mapped_bytes(&self) -> &[u8] {
+        &self.map[..]
+    }
+
+    /// Keeps `value` alive exactly as long as the mapping: it is dropped when the cube is, before
+    /// the file is unmapped (a device's registration of the mapped pages).
+    pub fn keep_while_mapped(&self, value: Box<dyn std::any::Any + Send + Sync>) {
+        if let Ok(mut kept) = self.kept.0.lock() {
+            kept.push(value);
+        }
+    }
+
+    /// Whether something kept by [`Cube::keep_while_mapped`] satisfies `test`.
+    pub fn kept_any<T: std::any::Any>(&self, test: impl Fn(&T) -> bool) -> bool {
+        self.kept
+            .0
+            .lock()
+            .map(|k| k.iter().any(|v| v.downcast_ref::<T>().is_some_and(&test)))
+            .unwrap_or(false)
     }
 
     /// Copies line `line`'s raw bytes into `out` as one line of the file's data type and byte

@@ -7,7 +7,7 @@ use std::time::Instant;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-use super::kernels::{DeviceSample, Kernels};
+use super::kernels::{BoxShape, DeviceSample, Kernels};
 use super::reference;
 use super::{DeviceInfo, GpuError, driver};
 use crate::cube::Interleave;
@@ -109,6 +109,92 @@ fn preprocess_case<T: DeviceSample>(
         kernel: T::KERNEL.into(),
         variant: format!("{interleave:?} swap={swap} {}x{}x{}", dims.0, dims.1, dims.2),
         values: n,
+        mismatches,
+        max_rel_err,
+        pass: mismatches == 0,
+    })
+}
+
+fn box_case<T: DeviceSample>(
+    k: &Kernels,
+    rng: &mut rand::rngs::StdRng,
+    gen_value: impl Fn(&mut rand::rngs::StdRng) -> T,
+    interleave: Interleave,
+    swap: bool,
+) -> Result<Case, GpuError> {
+    let (bl, bs, bands) = (
+        rng.random_range(1..30),
+        rng.random_range(1..40),
+        rng.random_range(1..120),
+    );
+    let (l0, c0) = (rng.random_range(0..500), rng.random_range(0..500));
+    let (wh, ww) = (rng.random_range(1..40), rng.random_range(1..50));
+    // Window indices anywhere in the box, repeats included (as the reflections at borders give).
+    let lines: Vec<usize> = (0..wh).map(|_| l0 + rng.random_range(0..bl)).collect();
+    let cols: Vec<usize> = (0..ww).map(|_| c0 + rng.random_range(0..bs)).collect();
+    let raw: Vec<T> = (0..bl * bs * bands).map(|_| gen_value(rng)).collect();
+    let mean: Vec<f32> = (0..bands).map(|_| rng.random_range(-500.0..3000.0)).collect();
+    let inv_std: Vec<f32> = (0..bands).map(|_| 1.0 / rng.random_range(0.5..900.0f32)).collect();
+    let want = reference::preprocess_box(
+        &raw,
+        interleave,
+        (bl, bs, bands),
+        (l0, c0),
+        (&lines, &cols),
+        &mean,
+        &inv_std,
+    );
+    let upload: Vec<T> = if swap {
+        raw.iter().map(|v| v.swapped()).collect()
+    } else {
+        raw
+    };
+    let s = k.stream();
+    let d_raw = s.clone_htod(&upload).map_err(driver("cuMemcpyHtoD"))?;
+    let as_i32 = |v: &[usize]| v.iter().map(|&i| i as i32).collect::<Vec<i32>>();
+    let d_lines = s.clone_htod(&as_i32(&lines)).map_err(driver("cuMemcpyHtoD"))?;
+    let d_cols = s.clone_htod(&as_i32(&cols)).map_err(driver("cuMemcpyHtoD"))?;
+    let d_mean = s.clone_htod(&mean).map_err(driver("cuMemcpyHtoD"))?;
+    let d_inv = s.clone_htod(&inv_std).map_err(driver("cuMemcpyHtoD"))?;
+    let out = s
+        .clone_htod(&vec![f32::NAN; want.len()])
+        .map_err(driver("cuMemcpyHtoD"))?;
+    let shape = BoxShape {
+        dims: (bl, bs, bands),
+        l0,
+        c0,
+        window: (wh, ww),
+    };
+    {
+        let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&out, s);
+        // SAFETY: `out` holds wh * ww * bands floats of this context, used by nothing else until
+        // the copy back below on the same stream; every index lies inside the box (drawn so).
+        unsafe {
+            k.preprocess_box_into(
+                &d_raw.as_view(),
+                interleave,
+                swap,
+                &shape,
+                &d_lines.as_view(),
+                &d_cols.as_view(),
+                &d_mean,
+                &d_inv,
+                ptr,
+            )?
+        };
+    }
+    let got = s.clone_dtoh(&out).map_err(driver("cuMemcpyDtoH"))?;
+    let mut mismatches = 0;
+    let mut max_rel_err = 0f64;
+    for (g, w) in got.iter().zip(&want) {
+        let e = if g.is_nan() { f64::INFINITY } else { rel(*g, *w) };
+        max_rel_err = max_rel_err.max(e);
+        mismatches += usize::from(e > NORMALISE_REL_TOL);
+    }
+    Ok(Case {
+        kernel: format!("{}_box", T::KERNEL),
+        variant: format!("{interleave:?} swap={swap} box {bl}x{bs}x{bands} window {wh}x{ww}"),
+        values: want.len(),
         mismatches,
         max_rel_err,
         pass: mismatches == 0,
@@ -262,6 +348,9 @@ pub fn run(ordinal: usize, seed: u64) -> Result<Report, GpuError> {
                 il,
                 swap,
             )?);
+            cases.push(box_case::<i16>(&k, &mut rng, |r| r.random(), il, swap)?);
+            cases.push(box_case::<u16>(&k, &mut rng, |r| r.random(), il, swap)?);
+            cases.push(box_case::<f32>(&k, &mut rng, |r| r.random_range(-1e4..1e4), il, swap)?);
         }
     }
     for logits in [true, false] {

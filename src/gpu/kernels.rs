@@ -54,6 +54,19 @@ impl DeviceSample for f32 {
     const KERNEL: &'static str = "preprocess_f32";
 }
 
+/// Where a window lies in a box of the scene read for [`Kernels::preprocess_box_into`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoxShape {
+    /// The box's lines, samples and bands.
+    pub dims: (usize, usize, usize),
+    /// The scene line and sample of the box's first value.
+    pub l0: usize,
+    /// See `l0`.
+    pub c0: usize,
+    /// The window's lines and samples.
+    pub window: (usize, usize),
+}
+
 /// The loaded kernels of one device.
 pub struct Kernels {
     ctx: Arc<CudaContext>,
@@ -61,6 +74,9 @@ pub struct Kernels {
     pre_i16: CudaFunction,
     pre_u16: CudaFunction,
     pre_f32: CudaFunction,
+    box_i16: CudaFunction,
+    box_u16: CudaFunction,
+    box_f32: CudaFunction,
     gather: CudaFunction,
     argmax: CudaFunction,
 }
@@ -93,6 +109,9 @@ impl Kernels {
             pre_i16: f(&pre, "preprocess_i16")?,
             pre_u16: f(&pre, "preprocess_u16")?,
             pre_f32: f(&pre, "preprocess_f32")?,
+            box_i16: f(&pre, "preprocess_box_i16")?,
+            box_u16: f(&pre, "preprocess_box_u16")?,
+            box_f32: f(&pre, "preprocess_box_f32")?,
             gather: f(&pre, "gather_patches")?,
             argmax: f(&arg, "argmax_confidence")?,
             ctx,
@@ -280,6 +299,86 @@ impl Kernels {
         // were checked above, `out` holds n floats by this function's contract, and threads past
         // n return before touching memory.
         unsafe { launch.launch(LaunchConfig::for_num_elems(n32)) }.map_err(driver("cuLaunchKernel preprocess"))?;
+        Ok(())
+    }
+
+    /// [`Kernels::preprocess_into`] reading a window out of a box of the scene
+    /// ([`super::reference::preprocess_box`]): `raw` holds `b.dims` (lines, samples, bands) of
+    /// the file from scene line `b.l0` and sample `b.c0`; window line `y` reads scene line
+    /// `lines[y]`, sample `x` scene sample `cols[x]`.
+    ///
+    /// # Safety
+    /// `out` must point to at least `wh * ww * bands` float32 values of device memory of this
+    /// context, not used by another stream until this stream has run the kernel; every
+    /// `lines[y] - l0` must lie in `0..box_lines` and every `cols[x] - c0` in `0..box_samples`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn preprocess_box_into<T: DeviceSample>(
+        &self,
+        raw: &cudarc::driver::CudaView<'_, T>,
+        interleave: Interleave,
+        swap: bool,
+        b: &BoxShape,
+        lines: &cudarc::driver::CudaView<'_, i32>,
+        cols: &cudarc::driver::CudaView<'_, i32>,
+        mean: &CudaSlice<f32>,
+        inv_std: &CudaSlice<f32>,
+        out: u64,
+    ) -> Result<(), GpuError> {
+        let (bl, bs, bands) = b.dims;
+        let (wh, ww) = b.window;
+        let bad = |message: String| GpuError::Shape {
+            kernel: T::KERNEL,
+            message,
+        };
+        if raw.len() < bl * bs * bands
+            || lines.len() < wh
+            || cols.len() < ww
+            || mean.len() < bands
+            || inv_std.len() < bands
+        {
+            return Err(bad(format!(
+                "a {bl} x {bs} x {bands} box read as a {wh} x {ww} window needs {} raw values, {wh} line and {ww} \
+                 sample indices and {bands} means and scales; got {}, {}, {}, {} and {}",
+                bl * bs * bands,
+                raw.len(),
+                lines.len(),
+                cols.len(),
+                mean.len(),
+                inv_std.len()
+            )));
+        }
+        let (_, [il, sw, l, s, nb], _) = self.preprocess_setup::<T>(interleave, swap, (bl, bs, bands))?;
+        let (_, [_, _, h, w, _], n32) = self.preprocess_setup::<T>(interleave, swap, (wh, ww, bands))?;
+        let dim = |v: usize| i32::try_from(v).map_err(|_| bad(format!("{v} does not fit a 32-bit index")));
+        let (l0, c0) = (dim(b.l0)?, dim(b.c0)?);
+        let func = match T::KERNEL {
+            "preprocess_i16" => &self.box_i16,
+            "preprocess_u16" => &self.box_u16,
+            _ => &self.box_f32,
+        };
+        let mut launch = self.stream.launch_builder(func);
+        launch
+            .arg(raw)
+            .arg(&il)
+            .arg(&sw)
+            .arg(&l)
+            .arg(&s)
+            .arg(&nb)
+            .arg(lines)
+            .arg(cols)
+            .arg(&l0)
+            .arg(&c0)
+            .arg(&h)
+            .arg(&w)
+            .arg(mean)
+            .arg(inv_std)
+            .arg(&out);
+        // SAFETY: the arguments match `preprocess_box_*` in preprocess.cu (a T pointer, five ints,
+        // two int pointers, four ints, two float pointers, a float pointer passed as its address);
+        // the buffers' lengths were checked above, the indices stay inside the box by this
+        // function's contract, `out` holds the window by it too, and threads past the window's
+        // values return before touching memory.
+        unsafe { launch.launch(LaunchConfig::for_num_elems(n32)) }.map_err(driver("cuLaunchKernel preprocess_box"))?;
         Ok(())
     }
 

@@ -74,6 +74,31 @@ pub fn preprocess<T: RawSample>(
     out
 }
 
+/// [`preprocess`] of a window read out of a box of the scene (`preprocess_box` in
+/// `kernels/preprocess.cu`): `raw` holds `dims` (lines, samples, bands) of the file from scene
+/// line `l0` and sample `c0` in `interleave`; window line `y`, sample `x` is scene line
+/// `lines[y]`, sample `cols[x]`. Indices outside the box are the caller's error (they panic).
+pub fn preprocess_box<T: RawSample>(
+    raw: &[T],
+    interleave: Interleave,
+    (box_lines, box_samples, bands): (usize, usize, usize),
+    (l0, c0): (usize, usize),
+    (lines, cols): (&[usize], &[usize]),
+    mean: &[f32],
+    inv_std: &[f32],
+) -> Vec<f32> {
+    let mut out = Vec::with_capacity(lines.len() * cols.len() * bands);
+    for b in 0..bands {
+        for &y in lines {
+            for &x in cols {
+                let at = raw_index(interleave, box_lines, box_samples, bands, y - l0, x - c0, b);
+                out.push((raw[at].to_f32() - mean[b]) * inv_std[b]);
+            }
+        }
+    }
+    out
+}
+
 /// Per (image, pixel) of `scores` laid out `[n][k][pixels]`: the first class with the largest
 /// score and its confidence (softmax of the top logit when `logits`, else the top score);
 /// `u32::MAX` and NaN when a score is not finite.

@@ -369,7 +369,7 @@ impl Job {
 
     /// What the last device-resident run moved (`None` on the host path).
     pub fn device_io(&self) -> Option<crate::gpu::resident::DeviceIo> {
-        self.device_io
+        self.device_io.clone()
     }
 
     /// The shape of the maps a run of this job makes.
@@ -433,7 +433,7 @@ impl Job {
             batch_changes: self.adjustments.clone(),
             io: if self.resident.is_some() { "device" } else { "host" },
             io_fallback: self.io_fallback.clone(),
-            device_io: self.device_io,
+            device_io: self.device_io.clone(),
             device_peak_bytes: self.device_peak_bytes,
         };
         summary.write_s = t0.elapsed().as_secs_f64();

@@ -12,6 +12,7 @@
 
 pub mod bound;
 pub mod gather;
+pub mod mapped;
 pub mod prefetch;
 mod run;
 
@@ -56,6 +57,17 @@ pub enum ResidentError {
     /// Re-binding the session at a new batch size failed, and the run has no bound buffers.
     #[error("the device path has no bound buffers after a failed re-bind at a new batch size")]
     Unbound,
+    /// A setting of the device path has a value it does not know.
+    #[error("{name}={value:?}: expected `mapped` or `gathered`")]
+    Setting {
+        /// The environment variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+    },
+    /// The thread stitching labels into the maps stopped (it panicked).
+    #[error("the device path's stitching thread stopped before the maps were complete")]
+    Stitcher,
     /// A prefetch thread stopped without handing over its batch (it panicked).
     #[error("the device path's prefetch thread stopped before its batch was copied")]
     Prefetch,
@@ -66,7 +78,7 @@ pub enum ResidentError {
 const PREFETCH_DEPTH: usize = 2;
 
 /// What the device path moved and where its time went, for `summary.json` and `hsiedge gpu bench`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
 pub struct DeviceIo {
     /// Units (tiles or patches) per session run as planned, a partial batch padded to it (the
     /// governor may cut it to a half, a quarter...: `BatchDone::batch` says which ran).
@@ -94,6 +106,15 @@ pub struct DeviceIo {
     pub gather_threads: usize,
     /// Seconds in the session's runs alone (pure inference on resident buffers).
     pub inference_s: f64,
+    /// How raw windows reached the device: `mapped` (boxes copied by the device straight from
+    /// the registered mapping of the scene) or `gathered` (copied on the host into pinned
+    /// buffers first).
+    pub upload: &'static str,
+    /// Why the run copied on the host although it asked for mapped uploads.
+    pub upload_fallback: Option<String>,
+    /// Seconds registering the scene's mapping with the device in this run (0 when an earlier
+    /// run of the same cube did).
+    pub register_s: f64,
 }
 
 /// Why `manifest` over `cube` with `provider` cannot take the device path, or `None` when it can.
@@ -160,6 +181,14 @@ pub struct Resident {
     h_cls: Vec<u32>,
     h_conf: Vec<f32>,
     cuda_graph: bool,
+    /// Each tile row's window lines and each tile column's window samples (scene indices).
+    d_lines: CudaSlice<i32>,
+    d_cols: CudaSlice<i32>,
+    /// The boxes each raw slot holds when it was filled from the mapped scene (empty when its
+    /// windows were copied on the host).
+    segs: [Vec<mapped::Segment>; 2],
+    /// Whether the warning that mapped uploads fell back was printed.
+    told_unmapped: bool,
 }
 
 impl std::fmt::Debug for Resident {
@@ -269,7 +298,24 @@ impl Resident {
         let mean = manifest.input.mean.clone();
         let inv: Vec<f32> = manifest.input.std.iter().map(|v| 1.0 / v).collect();
         let m = bucket * pixels_per_unit;
-        let mut r = Self {
+        let index = |v: Vec<usize>| -> Result<Vec<i32>, ResidentError> {
+            v.into_iter()
+                .map(|i| {
+                    i32::try_from(i).map_err(|_| ResidentError::Unsupported {
+                        what: format!("indexes scenes with 32-bit indices; {i} is beyond them"),
+                    })
+                })
+                .collect()
+        };
+        let mut lines = Vec::new();
+        for row in 0..grid.rows {
+            lines.extend(index(grid.window_lines(row))?);
+        }
+        let mut cols = Vec::new();
+        for col in 0..grid.cols {
+            cols.extend(index(grid.window_samples(col))?);
+        }
+        let r = Self {
             mode: opts.mode,
             grid,
             bucket,
@@ -306,9 +352,12 @@ impl Resident {
             h_cls: vec![0; m],
             h_conf: vec![0.0; m],
             cuda_graph,
+            d_lines: s.clone_htod(&lines).map_err(driver("cuMemcpyHtoD"))?,
+            d_cols: s.clone_htod(&cols).map_err(driver("cuMemcpyHtoD"))?,
+            segs: [Vec::new(), Vec::new()],
+            told_unmapped: false,
             k,
         };
-        r.fill_pool()?;
         Ok(r)
     }
 

@@ -1,11 +1,12 @@
 //! Running a scene on the device path: batches taken from the prefetch in order, uploaded,
 //! preprocessed, run and reduced, with the governor's cuts applied between batches.
 
+use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{DevicePtr, PinnedHostSlice};
+use cudarc::driver::{DevicePtr, DevicePtrMut, PinnedHostSlice};
 
-use super::{DeviceIo, Resident, ResidentError, bound, prefetch};
+use super::{DeviceIo, Resident, ResidentError, bound, mapped, prefetch};
 use crate::cube::{Cube, DataType};
 use crate::engine::Graph;
 use crate::gpu::kernels::DeviceSample;
@@ -54,25 +55,56 @@ impl Resident {
             .collect();
         let batches: Vec<&[TileRect]> = tiles.chunks(self.units_raw).collect();
         io.gather_threads = self.gather_threads;
-        self.fill_pool()?;
-        let mut pool = std::mem::take(&mut self.pool);
-        let threads = self.gather_threads;
-        let fill =
-            |tiles: &[TileRect], units: &mut [PinnedHostSlice<u8>]| prefetch::fill(cube, &grid, tiles, units, threads);
-        // With CUDA graphs the copy runs on this thread, between session runs: no other thread
-        // makes driver calls while ONNX Runtime captures.
-        let ran = prefetch::with_prefetch(&batches, &mut pool, self.cuda_graph, &fill, |p| {
+        let mapped = self.choose_upload(cube, &mut io)?;
+        let m = self.h_cls.len();
+        let mut canvas = Canvas {
+            maps: &mut maps,
+            written: &mut written,
+            ids: self.ids.clone(),
+            samples: cube.samples(),
+            tile_w: grid.tile_w,
+            pixels_per_unit: self.pixels_per_unit,
+        };
+        let ran = std::thread::scope(|sc| {
+            // Stitching runs beside the next batch: two label buffers go round between this
+            // thread, which fills one, and the stitcher, which empties the other.
+            let (jobs, job_rx) = sync_channel::<Stitch>(1);
+            let (back_tx, back) = sync_channel::<(Vec<u32>, Vec<f32>)>(2);
+            let _ = back_tx.send((vec![0; m], vec![0.0; m]));
+            let stitcher = sc.spawn(move || {
+                for job in job_rx {
+                    canvas.apply(&job);
+                    if back_tx.send((job.cls, job.conf)).is_err() {
+                        break;
+                    }
+                }
+            });
             let mut out = Out {
-                maps: &mut maps,
-                written: &mut written,
+                stitch: Stitcher { jobs, back },
                 stats: &mut stats,
                 io: &mut io,
                 infer: Duration::ZERO,
             };
-            self.run_batches(p, &batches, cube, graph, &mut out, start, progress, &mut adapt)?;
-            Ok(out.infer)
+            let ran = if mapped {
+                self.run_batches(
+                    &Feed::Mapped,
+                    &batches,
+                    cube,
+                    graph,
+                    &mut out,
+                    start,
+                    progress,
+                    &mut adapt,
+                )
+            } else {
+                self.gathered(cube, &batches, graph, &mut out, start, progress, &mut adapt)
+            };
+            let infer = out.infer;
+            // Closing the job channel ends the stitcher after the jobs sent.
+            drop(out);
+            stitcher.join().map_err(|_| ResidentError::Stitcher)?;
+            ran.map(|()| infer)
         });
-        self.pool = pool;
         let infer = ran?;
         if let Some(at) = written.iter().position(|&c| c != 1) {
             let (line, sample) = (at / cube.samples(), at % cube.samples());
@@ -96,11 +128,37 @@ impl Resident {
         Ok((maps, stats, io))
     }
 
+    /// [`Resident::run_batches`] with a prefetch thread copying raw windows on the host.
+    #[allow(clippy::too_many_arguments)]
+    fn gathered(
+        &mut self,
+        cube: &Cube,
+        batches: &[&[TileRect]],
+        graph: &mut Graph,
+        out: &mut Out<'_>,
+        start: Instant,
+        progress: &mut dyn FnMut(&BatchDone),
+        adapt: &mut Option<&mut dyn Adapt>,
+    ) -> Result<(), ResidentError> {
+        self.fill_pool()?;
+        let mut pool = std::mem::take(&mut self.pool);
+        let (grid, threads) = (self.grid, self.gather_threads);
+        let fill =
+            |tiles: &[TileRect], units: &mut [PinnedHostSlice<u8>]| prefetch::fill(cube, &grid, tiles, units, threads);
+        // With CUDA graphs the copy runs on this thread, between session runs: no other thread
+        // makes driver calls while ONNX Runtime captures.
+        let ran = prefetch::with_prefetch(batches, &mut pool, self.cuda_graph, &fill, |p| {
+            self.run_batches(&Feed::Gathered(p), batches, cube, graph, out, start, progress, adapt)
+        });
+        self.pool = pool;
+        ran
+    }
+
     /// The batches in order: batch b + 1 is uploaded on the copy stream while batch b runs.
     #[allow(clippy::too_many_arguments)]
     fn run_batches(
         &mut self,
-        p: &prefetch::Prefetch<'_, PinnedHostSlice<u8>>,
+        p: &Feed<'_, '_>,
         batches: &[&[TileRect]],
         cube: &Cube,
         graph: &mut Graph,
@@ -111,7 +169,7 @@ impl Resident {
     ) -> Result<(), ResidentError> {
         let grid = self.grid;
         if let Some(first) = batches.first() {
-            self.take_and_upload(p, first.len(), 0, out.io)?;
+            self.take_and_upload(p, cube, first, 0, out.io)?;
         }
         for (b, chunk) in batches.iter().enumerate() {
             let slot = b % 2;
@@ -126,25 +184,19 @@ impl Resident {
                         let n = self.units()?.min(chunk.len() - first);
                         let in_ptr = self.bound_mut()?.input_ptr();
                         for i in 0..n {
-                            self.preprocess(slot, first + i, in_ptr + (i * self.in_per_unit * 4) as u64)?;
+                            let at = in_ptr + (i * self.in_per_unit * 4) as u64;
+                            self.preprocess(slot, first + i, &chunk[first + i], at)?;
                         }
                         if first == 0
                             && let Some(next) = batches.get(b + 1)
                         {
-                            self.take_and_upload(p, next.len(), 1 - slot, out.io)?;
+                            self.take_and_upload(p, cube, next, 1 - slot, out.io)?;
                         }
                         let ran = self.infer_and_reduce(graph, n, out.io)?;
                         out.infer += ran;
-                        let mut pixels = 0;
-                        for (i, t) in chunk[first..first + n].iter().enumerate() {
-                            for y in 0..t.h {
-                                for x in 0..t.w {
-                                    let at = i * self.pixels_per_unit + y * grid.tile_w + x;
-                                    self.put(out, (t.y0 + y) * cube.samples() + t.x0 + x, at);
-                                }
-                            }
-                            pixels += t.h * t.w;
-                        }
+                        let done = &chunk[first..first + n];
+                        let pixels = done.iter().map(|t| t.h * t.w).sum();
+                        self.stitch(&out.stitch, Place::Tiles(done.to_vec()))?;
                         self.done(out.stats, start, n, pixels, ran, progress);
                         self.adapt(graph, adapt, out.stats.batches)?;
                         first += n;
@@ -156,9 +208,9 @@ impl Resident {
                         let (ptr, _sync) = self.d_window.device_ptr(self.k.stream());
                         ptr
                     };
-                    self.preprocess(slot, 0, window)?;
+                    self.preprocess(slot, 0, t, window)?;
                     if let Some(next) = batches.get(b + 1) {
-                        self.take_and_upload(p, next.len(), 1 - slot, out.io)?;
+                        self.take_and_upload(p, cube, next, 1 - slot, out.io)?;
                     }
                     let count = t.h * t.w;
                     let mut first = 0;
@@ -181,11 +233,7 @@ impl Resident {
                         }
                         let ran = self.infer_and_reduce(graph, n, out.io)?;
                         out.infer += ran;
-                        for i in 0..n {
-                            let q = first + i;
-                            let scene = (t.y0 + q / t.w) * cube.samples() + t.x0 + q % t.w;
-                            self.put(out, scene, i);
-                        }
+                        self.stitch(&out.stitch, Place::Patches { tile: *t, first, n })?;
                         self.done(out.stats, start, n, n, ran, progress);
                         self.adapt(graph, adapt, out.stats.batches)?;
                         first += n;
@@ -241,15 +289,77 @@ impl Resident {
         Ok(())
     }
 
-    /// Takes the next filled batch of `n` raw windows from the prefetch thread (waiting for it
-    /// when the copy is behind), starts its upload into raw slot `slot` and gives the buffers back.
+    /// Whether this run uploads straight from the mapped scene (registering its pages the first
+    /// time), or copies windows on the host: by `HSIEDGE_DEVICE_UPLOAD`, and on the host when
+    /// registering fails (said once, and recorded in `io`).
+    fn choose_upload(&mut self, cube: &Cube, io: &mut DeviceIo) -> Result<bool, ResidentError> {
+        let want = crate::config::device_upload().map_err(|value| ResidentError::Setting {
+            name: crate::config::HSIEDGE_DEVICE_UPLOAD.name,
+            value,
+        })?;
+        io.upload = "gathered";
+        if want == crate::config::DeviceUpload::Gathered {
+            return Ok(false);
+        }
+        match mapped::ensure_registered(cube, self.k.context()) {
+            Ok(s) => {
+                io.register_s = s;
+                io.upload = "mapped";
+                Ok(true)
+            }
+            Err(e) => {
+                if !self.told_unmapped {
+                    eprintln!(
+                        "hsiedge: warning: device path: the scene's pages are not registered with the device \
+                         ({e}); windows are copied on the host instead"
+                    );
+                    self.told_unmapped = true;
+                }
+                io.upload_fallback = Some(e);
+                Ok(false)
+            }
+        }
+    }
+
+    /// Starts the upload of the raw windows of `tiles` into raw slot `slot` on the copy stream:
+    /// straight from the mapped scene as boxes, or from the next batch the prefetch thread filled
+    /// (waiting for it when the copy is behind), whose buffers then go back at once.
     fn take_and_upload(
         &mut self,
-        p: &prefetch::Prefetch<'_, PinnedHostSlice<u8>>,
-        n: usize,
+        feed: &Feed<'_, '_>,
+        cube: &Cube,
+        tiles: &[TileRect],
         slot: usize,
         io: &mut DeviceIo,
     ) -> Result<(), ResidentError> {
+        let p = match feed {
+            Feed::Gathered(p) => p,
+            Feed::Mapped => {
+                let size = self.dtype.size();
+                let segs = mapped::segments(&self.grid, tiles, self.bands, size);
+                let total: usize = segs.iter().map(|s| s.bytes(self.bands, size)).sum();
+                if total > self.d_raw[slot].len() {
+                    return Err(GpuError::Shape {
+                        kernel: "copy_box",
+                        message: format!("{total} bytes of boxes for a raw slot of {}", self.d_raw[slot].len()),
+                    }
+                    .into());
+                }
+                let (dst, _written) = self.d_raw[slot].device_ptr_mut(&self.up);
+                for seg in &segs {
+                    // SAFETY: the boxes fit the raw slot (checked above), which only this stream
+                    // writes until the preprocessing joins it; the cube's mapping was registered
+                    // by `choose_upload` and stays mapped while `cube` is borrowed by this run,
+                    // whose streams are synchronised before it returns.
+                    unsafe { mapped::copy_box(&self.up, cube, seg, dst + seg.offset as u64) }?;
+                }
+                io.h2d_bytes += total as u64;
+                self.segs[slot] = segs;
+                return Ok(());
+            }
+        };
+        self.segs[slot].clear();
+        let n = tiles.len();
         let t0 = Instant::now();
         let filled = p.next()?;
         io.prefetch_wait_s += t0.elapsed().as_secs_f64();
@@ -270,35 +380,67 @@ impl Resident {
         Ok(r?)
     }
 
-    /// Decodes and normalises raw window `i` of raw slot `slot` into the float32 planar window at
-    /// device address `out`.
-    fn preprocess(&self, slot: usize, i: usize, out: u64) -> Result<(), ResidentError> {
-        let wb = self.window_bytes;
-        let dims = (self.grid.window_h(), self.grid.window_w(), self.bands);
-        let view = self.d_raw[slot].slice(i * wb..(i + 1) * wb);
+    /// Decodes and normalises the raw window of tile `t`, the batch's `i`-th, in raw slot `slot`
+    /// (read out of its box when the slot was filled from the mapped scene) into the float32
+    /// planar window at device address `out`.
+    fn preprocess(&self, slot: usize, i: usize, t: &TileRect, out: u64) -> Result<(), ResidentError> {
+        let (wh, ww) = (self.grid.window_h(), self.grid.window_w());
+        let dims = (wh, ww, self.bands);
+        let seg = self.segs[slot].iter().find(|s| s.tiles.contains(&i));
+        let (view, bytes) = match seg {
+            Some(s) => {
+                let n = s.bytes(self.bands, self.dtype.size());
+                (self.d_raw[slot].slice(s.offset..s.offset + n), n)
+            }
+            None => {
+                let wb = self.window_bytes;
+                (self.d_raw[slot].slice(i * wb..(i + 1) * wb), wb)
+            }
+        };
+        let lines = self.d_lines.slice(t.row * wh..(t.row + 1) * wh);
+        let cols = self.d_cols.slice(t.col * ww..(t.col + 1) * ww);
         macro_rules! typed {
             ($t:ty) => {{
-                // SAFETY: the window holds `wb / size_of::<T>()` samples of type T (the cube's
-                // data type), starting at a multiple of its size; any bit pattern is a valid T.
-                let raw =
-                    unsafe { view.transmute::<$t>(wb / std::mem::size_of::<$t>()) }.ok_or_else(|| GpuError::Shape {
+                // SAFETY: the window or box holds `bytes / size_of::<T>()` samples of type T (the
+                // cube's data type), starting at a multiple of its size; any bit pattern is a
+                // valid T.
+                let raw = unsafe { view.transmute::<$t>(bytes / std::mem::size_of::<$t>()) }.ok_or_else(|| {
+                    GpuError::Shape {
                         kernel: <$t as DeviceSample>::KERNEL,
-                        message: format!("a window of {wb} bytes is not whole samples"),
-                    })?;
-                // SAFETY: `out` is a float32 planar window of `dims` in device memory of this
-                // context (the bound input's unit `i`, or `d_window`), used by no other stream
-                // before this one is synchronised.
-                unsafe {
-                    self.k.preprocess_into(
-                        &raw,
-                        self.interleave,
-                        self.swap,
-                        dims,
-                        &self.d_mean,
-                        &self.d_inv,
-                        out,
-                    )
-                }?;
+                        message: format!("a window of {bytes} bytes is not whole samples"),
+                    }
+                })?;
+                match seg {
+                    // SAFETY: `out` is a float32 planar window of `dims` in device memory of this
+                    // context (the bound input's unit `i`, or `d_window`), used by no other stream
+                    // before this one is synchronised; the box holds the lines and samples of
+                    // tile `t`'s window (`mapped::segments`), which `lines` and `cols` index.
+                    Some(s) => unsafe {
+                        self.k.preprocess_box_into(
+                            &raw,
+                            self.interleave,
+                            self.swap,
+                            &s.shape(self.bands, (wh, ww)),
+                            &lines,
+                            &cols,
+                            &self.d_mean,
+                            &self.d_inv,
+                            out,
+                        )
+                    }?,
+                    // SAFETY: as above; the raw window is exactly `dims`.
+                    None => unsafe {
+                        self.k.preprocess_into(
+                            &raw,
+                            self.interleave,
+                            self.swap,
+                            dims,
+                            &self.d_mean,
+                            &self.d_inv,
+                            out,
+                        )
+                    }?,
+                }
             }};
         }
         match self.dtype {
@@ -340,21 +482,16 @@ impl Resident {
         Ok(ran)
     }
 
-    /// Writes unit output `at` (of the last reduction) to scene pixel `scene`.
-    fn put(&self, out: &mut Out<'_>, scene: usize, at: usize) {
-        let maps = &mut *out.maps;
-        out.written[scene] = out.written[scene].saturating_add(1);
-        match self.h_cls[at] {
-            u32::MAX => {
-                maps.class_ids[scene] = 0;
-                maps.confidence[scene] = f32::NAN;
-                maps.nonfinite_pixels += 1;
-            }
-            c => {
-                maps.class_ids[scene] = self.ids.get(c as usize).copied().unwrap_or(0);
-                maps.confidence[scene] = self.h_conf[at];
-            }
-        }
+    /// Hands the last reduction's labels and confidence to the stitcher with where they go, and
+    /// takes the stitcher's emptied buffers for the next one (waiting while it is a batch behind).
+    fn stitch(&mut self, st: &Stitcher, place: Place) -> Result<(), ResidentError> {
+        let (cls, conf) = st.back.recv().map_err(|_| ResidentError::Stitcher)?;
+        let job = Stitch {
+            cls: std::mem::replace(&mut self.h_cls, cls),
+            conf: std::mem::replace(&mut self.h_conf, conf),
+            place,
+        };
+        st.jobs.send(job).map_err(|_| ResidentError::Stitcher)
     }
 
     fn done(
@@ -384,13 +521,90 @@ impl Resident {
     }
 }
 
+/// Where a batch's raw windows come from.
+enum Feed<'p, 'a> {
+    /// Copied on the host into pinned buffers by the prefetch thread.
+    Gathered(&'p prefetch::Prefetch<'a, PinnedHostSlice<u8>>),
+    /// Copied by the device straight from the registered mapping.
+    Mapped,
+}
+
 /// What a run writes as its batches finish.
 struct Out<'a> {
-    maps: &'a mut Maps,
-    /// How many times each scene pixel was written (exactly once at the end).
-    written: &'a mut [u8],
+    stitch: Stitcher,
     stats: &'a mut RunStats,
     io: &'a mut DeviceIo,
     /// The session runs' own time.
     infer: Duration,
+}
+
+/// The run's end of the stitcher thread.
+struct Stitcher {
+    jobs: SyncSender<Stitch>,
+    back: Receiver<(Vec<u32>, Vec<f32>)>,
+}
+
+/// One reduction's labels and confidence, and where they go.
+struct Stitch {
+    cls: Vec<u32>,
+    conf: Vec<f32>,
+    place: Place,
+}
+
+/// Where a reduction's outputs go in the scene.
+enum Place {
+    /// Dense: unit i is tile i's pixels, row-major in a tile of the grid's width.
+    Tiles(Vec<TileRect>),
+    /// Patch: unit i is pixel `first + i` of `tile`, row-major.
+    Patches { tile: TileRect, first: usize, n: usize },
+}
+
+/// The maps the stitcher writes.
+struct Canvas<'a> {
+    maps: &'a mut Maps,
+    /// How many times each scene pixel was written (exactly once at the end).
+    written: &'a mut [u8],
+    ids: Vec<u8>,
+    samples: usize,
+    tile_w: usize,
+    pixels_per_unit: usize,
+}
+
+impl Canvas<'_> {
+    fn apply(&mut self, job: &Stitch) {
+        match &job.place {
+            Place::Tiles(tiles) => {
+                for (i, t) in tiles.iter().enumerate() {
+                    for y in 0..t.h {
+                        for x in 0..t.w {
+                            let at = i * self.pixels_per_unit + y * self.tile_w + x;
+                            self.put(job, (t.y0 + y) * self.samples + t.x0 + x, at);
+                        }
+                    }
+                }
+            }
+            Place::Patches { tile: t, first, n } => {
+                for i in 0..*n {
+                    let q = first + i;
+                    self.put(job, (t.y0 + q / t.w) * self.samples + t.x0 + q % t.w, i);
+                }
+            }
+        }
+    }
+
+    /// Writes unit output `at` of `job` to scene pixel `scene`.
+    fn put(&mut self, job: &Stitch, scene: usize, at: usize) {
+        self.written[scene] = self.written[scene].saturating_add(1);
+        match job.cls[at] {
+            u32::MAX => {
+                self.maps.class_ids[scene] = 0;
+                self.maps.confidence[scene] = f32::NAN;
+                self.maps.nonfinite_pixels += 1;
+            }
+            c => {
+                self.maps.class_ids[scene] = self.ids.get(c as usize).copied().unwrap_or(0);
+                self.maps.confidence[scene] = job.conf[at];
+            }
+        }
+    }
 }
