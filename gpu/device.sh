@@ -341,7 +341,7 @@ case $what in
   torch) sweeps; pytorch_ours; pytorch ;;
   rest) sweeps; pytorch ;;
   fix) fix ;;
-  mapped) bandwidth; mapped; pytorch_ours; pytorch ;;
+  mapped) bandwidth; mapped; DEADLINE_S=$((SECONDS + 120)) pytorch ;;
   memory) $B simulate --model "$M" --out /tmp/sim --lines 1024 --samples 1024 > /dev/null; memory 8192 2048 ;;
   *) bandwidth; ours; governor; pytorch_ours; sweeps; pytorch ;;
 esac
