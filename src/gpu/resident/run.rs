@@ -608,3 +608,103 @@ impl Canvas<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tile::TileGrid;
+
+    fn maps(lines: usize, samples: usize) -> Maps {
+        Maps {
+            lines,
+            samples,
+            channels: 3,
+            class_ids: vec![0; lines * samples],
+            confidence: vec![f32::NAN; lines * samples],
+            scores: None,
+            nonfinite_pixels: 0,
+        }
+    }
+
+    #[test]
+    fn the_stitcher_puts_dense_tiles_and_patches_where_they_belong() {
+        // A 5 x 7 scene in tiles of 4: the edge tiles are partial.
+        let grid = TileGrid::new(5, 7, 4, 1);
+        let tiles: Vec<TileRect> = (0..grid.rows)
+            .flat_map(|r| (0..grid.cols).map(move |c| (r, c)))
+            .map(|(r, c)| grid.rect(r, c))
+            .collect();
+        let ppu = grid.tile_h * grid.tile_w;
+        let mut m = maps(5, 7);
+        let mut written = vec![0u8; 35];
+        let mut canvas = Canvas {
+            maps: &mut m,
+            written: &mut written,
+            ids: vec![10, 20, 30],
+            samples: 7,
+            tile_w: grid.tile_w,
+            pixels_per_unit: ppu,
+        };
+        // Unit i's pixel (y, x) gets class (scene line + scene sample) % 3, confidence its
+        // scene index; one pixel is not finite.
+        for chunk in tiles.chunks(3) {
+            let mut cls = vec![0u32; 3 * ppu];
+            let mut conf = vec![0f32; 3 * ppu];
+            for (i, t) in chunk.iter().enumerate() {
+                for y in 0..t.h {
+                    for x in 0..t.w {
+                        let (sy, sx) = (t.y0 + y, t.x0 + x);
+                        let at = i * ppu + y * grid.tile_w + x;
+                        cls[at] = if (sy, sx) == (4, 6) {
+                            u32::MAX
+                        } else {
+                            ((sy + sx) % 3) as u32
+                        };
+                        conf[at] = (sy * 7 + sx) as f32;
+                    }
+                }
+            }
+            canvas.apply(&Stitch {
+                cls,
+                conf,
+                place: Place::Tiles(chunk.to_vec()),
+            });
+        }
+        assert!(written.iter().all(|&c| c == 1));
+        for p in 0..35 {
+            let (sy, sx) = (p / 7, p % 7);
+            if p == 34 {
+                assert_eq!((m.class_ids[p], m.confidence[p].is_nan()), (0, true));
+            } else {
+                assert_eq!(m.class_ids[p], [10, 20, 30][(sy + sx) % 3], "pixel {p}");
+                assert_eq!(m.confidence[p], p as f32);
+            }
+        }
+        assert_eq!(m.nonfinite_pixels, 1);
+
+        // Patch mode: pixels 3.. of the tile at (0, 1), unit i is pixel first + i.
+        let mut m = maps(5, 7);
+        let mut written = vec![0u8; 35];
+        let t = grid.rect(0, 1);
+        let mut canvas = Canvas {
+            maps: &mut m,
+            written: &mut written,
+            ids: vec![10, 20, 30],
+            samples: 7,
+            tile_w: grid.tile_w,
+            pixels_per_unit: 1,
+        };
+        let n = t.h * t.w - 3;
+        canvas.apply(&Stitch {
+            cls: vec![2; n],
+            conf: (0..n).map(|i| i as f32).collect(),
+            place: Place::Patches { tile: t, first: 3, n },
+        });
+        for i in 0..n {
+            let q = 3 + i;
+            let p = (t.y0 + q / t.w) * 7 + t.x0 + q % t.w;
+            assert_eq!((written[p], m.class_ids[p], m.confidence[p]), (1, 30, i as f32));
+        }
+        assert_eq!(written.iter().map(|&c| usize::from(c)).sum::<usize>(), n);
+    }
+}
