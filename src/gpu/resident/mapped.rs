@@ -53,9 +53,10 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
+        // A run that stopped on an error may have left a copy from these pages in flight.
+        if self.ctx.bind_to_thread().is_ok() && self.ctx.synchronize().is_ok() {
             // SAFETY: `ptr` was registered by `new` in this context and not unregistered since;
-            // no copy reads it any more (every run synchronises its streams before it returns).
+            // the context is synchronised, so no copy reads it any more.
             let _ = unsafe { sys::cuMemHostUnregister(self.ptr as *mut std::ffi::c_void) };
         }
     }
