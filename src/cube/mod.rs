@@ -220,18 +220,15 @@ impl Cube {
     /// Keeps `value` alive exactly as long as the mapping: it is dropped when the cube is, before
     /// the file is unmapped (a device's registration of the mapped pages).
     pub fn keep_while_mapped(&self, value: Box<dyn std::any::Any + Send + Sync>) {
-        if let Ok(mut kept) = self.kept.0.lock() {
-            kept.push(value);
-        }
+        // The list stays whole if a holder panicked: a push cannot leave it half-written.
+        let mut kept = self.kept.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.push(value);
     }
 
     /// Whether something kept by [`Cube::keep_while_mapped`] satisfies `test`.
     pub fn kept_any<T: std::any::Any>(&self, test: impl Fn(&T) -> bool) -> bool {
-        self.kept
-            .0
-            .lock()
-            .map(|k| k.iter().any(|v| v.downcast_ref::<T>().is_some_and(&test)))
-            .unwrap_or(false)
+        let kept = self.kept.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        kept.iter().any(|v| v.downcast_ref::<T>().is_some_and(&test))
     }
 
     /// Copies line `line`'s raw bytes into `out` as one line of the file's data type and byte

@@ -45,16 +45,20 @@ impl Registration {
         })
     }
 
-    /// Whether this registers `bytes` with `ctx`.
+    /// Whether this registers `bytes` with `ctx`'s CUDA context (each `Resident` holds its own
+    /// handle of the device's primary context, so the handles are not compared).
     pub fn covers(&self, ctx: &Arc<CudaContext>, bytes: &[u8]) -> bool {
-        Arc::ptr_eq(&self.ctx, ctx) && self.ptr == bytes.as_ptr() as usize && self.len == bytes.len()
+        self.ctx.cu_ctx() == ctx.cu_ctx() && self.ptr == bytes.as_ptr() as usize && self.len == bytes.len()
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        // A run that stopped on an error may have left a copy from these pages in flight.
-        if self.ctx.bind_to_thread().is_ok() && self.ctx.synchronize().is_ok() {
+        if self.ctx.bind_to_thread().is_ok() {
+            // A run that stopped on an error may have left a copy from these pages in flight. A
+            // context too broken to synchronise runs no copies either: unregister regardless, so
+            // no registration outlives the mapping.
+            let _ = self.ctx.synchronize();
             // SAFETY: `ptr` was registered by `new` in this context and not unregistered since;
             // the context is synchronised, so no copy reads it any more.
             let _ = unsafe { sys::cuMemHostUnregister(self.ptr as *mut std::ffi::c_void) };
@@ -178,21 +182,18 @@ fn span(v: &[usize]) -> (usize, usize) {
     (lo, hi)
 }
 
-/// Queues on `stream` the copy of box `seg` of `cube` (whose mapping is registered) into the
-/// device memory at `dst`: one 2D copy for BIL and BIP files, one per band for BSQ.
-///
-/// # Safety
-/// `dst` must hold `seg.bytes(..)` bytes of device memory of the stream's context, not used by
-/// another stream until this copy has run, and `cube`'s mapping must stay registered and mapped
-/// until then.
-pub unsafe fn copy_box(stream: &CudaStream, cube: &Cube, seg: &Segment, dst: u64) -> Result<(), GpuError> {
-    let h = cube.header();
+/// One 2D copy of a box: source byte offset in the scene's data, source pitch, width in bytes,
+/// rows, and destination offset in the box.
+pub type Copy2d = (usize, usize, usize, usize, usize);
+
+/// The 2D copies that lay box `seg` of a scene with header `h` out as the preprocessing kernel
+/// reads it: (line, band, sample) rows for BIL, (line, sample x band) rows for BIP, and one copy
+/// of (line, sample) rows per band for BSQ.
+pub fn copy_plan(h: &crate::cube::Header, seg: &Segment) -> Vec<Copy2d> {
     let (s, b, l) = (h.samples, h.bands, h.lines);
     let size = h.data_type.size();
-    let data = cube.data_bytes();
     let row = seg.samples * size;
-    // (source byte offset, source pitch, width, height, destination offset) of each 2D copy.
-    let copies: Vec<(usize, usize, usize, usize, usize)> = match h.interleave {
+    match h.interleave {
         Interleave::Bil => vec![((seg.l0 * b * s + seg.c0) * size, s * size, row, seg.lines * b, 0)],
         Interleave::Bip => vec![((seg.l0 * s + seg.c0) * b * size, s * b * size, row * b, seg.lines, 0)],
         Interleave::Bsq => (0..b)
@@ -206,7 +207,20 @@ pub unsafe fn copy_box(stream: &CudaStream, cube: &Cube, seg: &Segment, dst: u64
                 )
             })
             .collect(),
-    };
+    }
+}
+
+/// Queues on `stream` the copy of box `seg` of `cube` (whose mapping is registered) into the
+/// device memory at `dst`: one 2D copy for BIL and BIP files, one per band for BSQ.
+///
+/// # Safety
+/// `dst` must hold `seg.bytes(..)` bytes of device memory of the stream's context, not used by
+/// another stream until this copy has run, and `cube`'s mapping must stay registered and mapped
+/// until then.
+pub unsafe fn copy_box(stream: &CudaStream, cube: &Cube, seg: &Segment, dst: u64) -> Result<(), GpuError> {
+    let h = cube.header();
+    let data = cube.data_bytes();
+    let copies = copy_plan(h, seg);
     for (src, pitch, width, height, at) in copies {
         if height == 0 || width == 0 {
             continue;
@@ -252,26 +266,17 @@ mod tests {
     use crate::gpu::reference;
     use crate::tile::fill_window;
 
-    /// Emulates `copy_box` on the host: the box's bytes as the device would hold them.
+    /// Emulates `copy_box` on the host from the same plan: the box's bytes as the device would
+    /// hold them.
     fn host_box(cube: &Cube, seg: &Segment) -> Vec<u8> {
-        let h = cube.header();
-        let (s, b, l) = (h.samples, h.bands, h.lines);
-        let size = h.data_type.size();
         let data = cube.data_bytes();
-        let mut out = Vec::new();
-        let mut rows = |from: usize, pitch: usize, width: usize, height: usize| {
+        let plan = copy_plan(cube.header(), seg);
+        let len = seg.bytes(cube.bands(), cube.header().data_type.size());
+        let mut out = vec![0xAAu8; len];
+        for (src, pitch, width, height, at) in plan {
             for r in 0..height {
-                out.extend_from_slice(&data[from + r * pitch..from + r * pitch + width]);
-            }
-        };
-        let row = seg.samples * size;
-        match h.interleave {
-            Interleave::Bil => rows((seg.l0 * b * s + seg.c0) * size, s * size, row, seg.lines * b),
-            Interleave::Bip => rows((seg.l0 * s + seg.c0) * b * size, s * b * size, row * b, seg.lines),
-            Interleave::Bsq => {
-                for band in 0..b {
-                    rows(((band * l + seg.l0) * s + seg.c0) * size, s * size, row, seg.lines);
-                }
+                let d = at + r * width;
+                out[d..d + width].copy_from_slice(&data[src + r * pitch..src + r * pitch + width]);
             }
         }
         out
@@ -283,10 +288,18 @@ mod tests {
         let (s, l, b) = (23usize, 19usize, 3usize);
         let mean = [1.5f32, -2.0, 40.0];
         let inv_std = [0.5f32, 0.25, 2.0];
-        for il in [Interleave::Bil, Interleave::Bip, Interleave::Bsq] {
-            let h = Header::new(s, l, b, DataType::I16, il);
-            let name = format!("{il:?}");
-            let bytes: Vec<u8> = (0..s * l * b).flat_map(|v| (v as i16 - 50).to_le_bytes()).collect();
+        for (il, offset) in [
+            (Interleave::Bil, 0),
+            (Interleave::Bip, 0),
+            (Interleave::Bsq, 0),
+            (Interleave::Bil, 7),
+            (Interleave::Bsq, 7),
+        ] {
+            let mut h = Header::new(s, l, b, DataType::I16, il);
+            h.header_offset = offset;
+            let name = format!("{il:?}_{offset}");
+            let mut bytes = vec![0xEEu8; offset];
+            bytes.extend((0..s * l * b).flat_map(|v| (v as i16 - 50).to_le_bytes()));
             std::fs::write(dir.path().join(format!("{name}.hdr")), h.to_text()).unwrap();
             std::fs::write(dir.path().join(format!("{name}.img")), bytes).unwrap();
             let cube = Cube::open(&dir.path().join(format!("{name}.hdr"))).unwrap();

@@ -65,7 +65,7 @@ impl Resident {
             tile_w: grid.tile_w,
             pixels_per_unit: self.pixels_per_unit,
         };
-        let ran = std::thread::scope(|sc| {
+        let ran: Result<Duration, ResidentError> = std::thread::scope(|sc| {
             // Stitching runs beside the next batch: two label buffers go round between this
             // thread, which fills one, and the stitcher, which empties the other.
             let (jobs, job_rx) = sync_channel::<Stitch>(1);
@@ -102,8 +102,11 @@ impl Resident {
             let infer = out.infer;
             // Closing the job channel ends the stitcher after the jobs sent.
             drop(out);
-            stitcher.join().map_err(|_| ResidentError::Stitcher)?;
-            ran.map(|()| infer)
+            let joined = stitcher.join();
+            // The run's own error first: a stitcher that stopped is then only its consequence.
+            ran?;
+            joined.map_err(|_| ResidentError::Stitcher)?;
+            Ok(infer)
         });
         let infer = ran?;
         if let Some(at) = written.iter().position(|&c| c != 1) {
@@ -305,6 +308,7 @@ impl Resident {
             Ok(s) => {
                 io.register_s = s;
                 io.upload = "mapped";
+                io.gather_threads = 0;
                 Ok(true)
             }
             Err(e) => {
