@@ -69,6 +69,19 @@ fn rel(got: f32, want: f32) -> f64 {
     d / f64::from(want.abs()).max(f64::from(f32::MIN_POSITIVE))
 }
 
+/// Values of `got` outside the normalisation tolerance of `want` (NaN counts as outside), and the
+/// largest relative error.
+fn normalised_errors(got: &[f32], want: &[f32]) -> (usize, f64) {
+    let mut mismatches = 0;
+    let mut max_rel_err = 0f64;
+    for (g, w) in got.iter().zip(want) {
+        let e = if g.is_nan() { f64::INFINITY } else { rel(*g, *w) };
+        max_rel_err = max_rel_err.max(e);
+        mismatches += usize::from(e > NORMALISE_REL_TOL);
+    }
+    (mismatches, max_rel_err)
+}
+
 fn preprocess_case<T: DeviceSample>(
     k: &Kernels,
     rng: &mut rand::rngs::StdRng,
@@ -98,13 +111,7 @@ fn preprocess_case<T: DeviceSample>(
     let mut out = s.clone_htod(&vec![f32::NAN; n]).map_err(driver("cuMemcpyHtoD"))?;
     k.preprocess(&d_raw, interleave, swap, dims, &d_mean, &d_inv, &mut out)?;
     let got = s.clone_dtoh(&out).map_err(driver("cuMemcpyDtoH"))?;
-    let mut mismatches = 0;
-    let mut max_rel_err = 0f64;
-    for (g, w) in got.iter().zip(&want) {
-        let e = if g.is_nan() { f64::INFINITY } else { rel(*g, *w) };
-        max_rel_err = max_rel_err.max(e);
-        mismatches += usize::from(e > NORMALISE_REL_TOL);
-    }
+    let (mismatches, max_rel_err) = normalised_errors(&got, &want);
     Ok(Case {
         kernel: T::KERNEL.into(),
         variant: format!("{interleave:?} swap={swap} {}x{}x{}", dims.0, dims.1, dims.2),
@@ -184,13 +191,7 @@ fn box_case<T: DeviceSample>(
         };
     }
     let got = s.clone_dtoh(&out).map_err(driver("cuMemcpyDtoH"))?;
-    let mut mismatches = 0;
-    let mut max_rel_err = 0f64;
-    for (g, w) in got.iter().zip(&want) {
-        let e = if g.is_nan() { f64::INFINITY } else { rel(*g, *w) };
-        max_rel_err = max_rel_err.max(e);
-        mismatches += usize::from(e > NORMALISE_REL_TOL);
-    }
+    let (mismatches, max_rel_err) = normalised_errors(&got, &want);
     Ok(Case {
         kernel: format!("{}_box", T::KERNEL),
         variant: format!("{interleave:?} swap={swap} box {bl}x{bs}x{bands} window {wh}x{ww}"),
