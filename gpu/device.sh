@@ -3,7 +3,7 @@
 # and onnxruntime-gpu's libraries in /tmp/ortparts (earlier calls). Every GPU test and benchmark,
 # results into $OUT/gpu-results.tar.gz plus $OUT/log.
 #
-#   bash .gpu/device.sh [ours|core|quick|mini|torch|rest|fix|memory|all]   (default all, one call of at most ~580 s: ours, the
+#   bash .gpu/device.sh [ours|core|quick|mini|torch|rest|fix|memory|mapped|queued|all]   (default all, one call of at most ~580 s: ours, the
 #   sweeps, then PyTorch in the time left; torch: the sweeps and PyTorch)
 # `ours`: kernels, labels (CPU against CUDA, host and device I/O paths), benches (Salinas-A and a
 # 1024 x 1024 scene, host against device path, fp32/fp16, CUDA graphs), the CPU path before and
@@ -303,6 +303,41 @@ for u in mapped gathered; do
 done
 }
 
+# `queued`: the session runs on the kernels' stream and its runs are only queued, labels come
+# back one run behind, and the maps are written strip by strip during the run. Kernels, labels
+# (CPU against CUDA, patch and dense; fp32, fp16, and --cuda-graph, which keeps waiting runs),
+# the dense benches at 1024 x 1024 and 2048 x 2048 (int16), the patch bench, then PyTorch.
+queued() {
+step device; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$R/device.csv"
+step kernels; $B gpu check > "$R/check.json"; echo "rc=$?"; grep -E '"(kernel|pass)"' "$R/check.json" | sort | uniq -c
+step queued-labels
+for mode in patch dense; do
+  $B classify "$S" --model "$M" --out /tmp/o/cpu-$mode --mode $mode --batch 64 --json > "$R/classify_cpu_$mode.json"
+  for v in fp32 fp16 graph; do
+    case $v in graph) extra="--cuda-graph";; *) extra="--precision $v";; esac
+    timeout 60 $B classify "$S" --model "$M" --out /tmp/o/cuda-$mode-$v --mode $mode --batch 64 --ep cuda --io device $extra \
+      --json > "$R/classify_cuda_${mode}_$v.json" 2> "$R/classify_cuda_${mode}_$v.err"; echo "classify $mode $v rc=$?"; tail -1 "$R/classify_cuda_${mode}_$v.err"
+    python3 -c "import sys,json; a=open(sys.argv[1],'rb').read(); b=open(sys.argv[2],'rb').read(); d=json.load(open(sys.argv[4])); print(sys.argv[3], 'agreement', sum(x==y for x,y in zip(a,b))/len(a), {k: d[k] for k in ('elapsed_s','inference_s','write_s')})" \
+      /tmp/o/cpu-$mode/class_map.img /tmp/o/cuda-$mode-$v/class_map.img "$mode $v" "$R/classify_cuda_${mode}_$v.json" 2>&1 | tee -a "$R/queued_agreement.txt"
+  done
+done
+$B simulate --model "$M" --out /tmp/sim16 --lines 1024 --samples 1024 --int16 > /dev/null; echo "simulate int16 rc=$?"
+$B simulate --model "$M" --out /tmp/sim512 --lines 512 --samples 512 --int16 > /dev/null; echo "simulate 512 int16 rc=$?"
+$B simulate --model "$M" --out /tmp/sim2k --lines 2048 --samples 2048 --int16 > /dev/null; echo "simulate 2048 int16 rc=$?"
+for v in fp32 graph; do
+  case $v in graph) extra="--cuda-graph";; *) extra="";; esac
+  timeout 60 $B classify /tmp/sim16/scene.hdr --model "$M" --out /tmp/o/sim16-$v --mode dense --tile 256 --batch 4 --ep cuda --io device $extra --json > "$R/classify_sim16_$v.json" 2> "$R/classify_sim16_$v.err"; echo "sim16 dense $v rc=$?"; tail -1 "$R/classify_sim16_$v.err"
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print({k: d[k] for k in ('elapsed_s','inference_s','write_s')}, d['device_io'])" "$R/classify_sim16_$v.json" 2>&1
+done
+cmp /tmp/o/sim16-fp32/class_map.img /tmp/o/sim16-graph/class_map.img && cmp /tmp/o/sim16-fp32/confidence.img /tmp/o/sim16-graph/confidence.img \
+  && echo "sim16 dense: queued runs and CUDA graph runs give identical class and confidence maps" | tee -a "$R/queued_agreement.txt"
+step queued-bench
+for b in 2 1 4; do SCENE=/tmp/sim16/scene.hdr big i16_fp16_b$b --io device --precision fp16 --dense-batch $b; done
+SCENE=/tmp/sim16/scene.hdr big i16_fp32_b4 --io device --dense-batch 4
+for b in 2 4; do SCENE=/tmp/sim2k/scene.hdr big 2k_i16_fp16_b$b --io device --precision fp16 --dense-batch $b; done
+patchbig fp32 --io device --batch 1024
+}
+
 sweeps() {
 step sweep
 for mode in patch dense; do
@@ -338,6 +373,7 @@ case $what in
   rest) sweeps; pytorch ;;
   fix) fix ;;
   mapped) mapped; DEADLINE_S=$((SECONDS + 90)) pytorch ;;
+  queued) queued; DEADLINE_S=$((SECONDS + 75)) pytorch ;;
   memory) $B simulate --model "$M" --out /tmp/sim --lines 1024 --samples 1024 > /dev/null; memory 8192 2048 ;;
   *) bandwidth; ours; governor; pytorch_ours; sweeps; pytorch ;;
 esac

@@ -290,10 +290,10 @@ fn time_mode(
         e2e.push(t.elapsed().as_secs_f64());
         writes.push(w.elapsed().as_secs_f64());
         waits.push(stats.wait_s);
-        if job.device_resident() {
-            // On the device path the input never exists on the host: pure inference is the
-            // session's runs on the bound device buffers, timed inside the run.
-            inf.push(stats.inference_s);
+        if let Some(pure) = job.device_pure_inference(stats.batches)? {
+            // On the device path the input never exists on the host: pure inference is as many
+            // session runs on the bound device buffers, back to back with nothing between them.
+            inf.push(pure);
             batches = stats.batches;
             let t = Instant::now();
             each_batch(&job.cube, &job.manifest, &job.run, &job.buffers, |_| true);

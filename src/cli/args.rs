@@ -95,6 +95,7 @@ impl EngineArgs {
                 trt_workspace: None,
                 trt_profile: None,
                 io: self.io,
+                compute_stream: None,
             },
             precision: self.precision,
             spin: self.spin,

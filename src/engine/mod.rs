@@ -412,8 +412,22 @@ impl Runtime {
         } else {
             None
         };
+        let unsynced = match self.options.gpu.compute_stream {
+            Some(_) if self.provider == Provider::Cuda && !self.options.gpu.cuda_graph => {
+                let mut o = ort::session::RunOptions::new().map_err(|e| g(e.to_string()))?;
+                o.disable_device_sync().map_err(|e| g(e.to_string()))?;
+                Some(o)
+            }
+            _ => None,
+        };
         let mut graph = Graph {
             session,
+            unsynced,
+            compute_stream: self
+                .options
+                .gpu
+                .compute_stream
+                .filter(|_| self.provider == Provider::Cuda),
             path: path.to_path_buf(),
             input,
             output,

@@ -274,7 +274,16 @@ pub struct GpuOptions {
     pub trt_profile: Option<(usize, usize)>,
     /// Where batches are prepared and reduced on a CUDA session.
     pub io: IoPath,
+    /// The stream the CUDA provider runs on instead of one of its own: the device path's
+    /// kernels' stream, so a run is ordered after their preprocessing and before their argmax
+    /// on the device, without the host waiting in between. Not a setting: the job sets it.
+    pub compute_stream: Option<ComputeStream>,
 }
+
+/// A CUDA stream handle (`CUstream`) that lives as long as the process, made only by
+/// [`crate::gpu::session_stream`]: a session given it can never outlive it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ComputeStream(pub(crate) usize);
 
 /// The CUDA provider's options as ONNX Runtime's keys and values.
 pub fn cuda_options(o: &GpuOptions) -> Vec<(&'static str, String)> {
@@ -289,6 +298,10 @@ pub fn cuda_options(o: &GpuOptions) -> Vec<(&'static str, String)> {
     ];
     if let Some(limit) = o.mem_limit {
         v.push(("gpu_mem_limit", limit.to_string()));
+    }
+    if let Some(ComputeStream(handle)) = o.compute_stream {
+        v.push(("has_user_compute_stream", "1".to_string()));
+        v.push(("user_compute_stream", handle.to_string()));
     }
     v
 }
@@ -418,6 +431,15 @@ mod tests {
             ..GpuOptions::default()
         });
         assert!(unbounded.iter().all(|(k, _)| *k != "gpu_mem_limit"));
+        assert!(unbounded.iter().all(|(k, _)| !k.contains("compute_stream")));
+        let on_stream = cuda_options(&GpuOptions {
+            compute_stream: Some(ComputeStream(0x7f00_1234)),
+            ..GpuOptions::default()
+        });
+        let get = |k: &str| on_stream.iter().find(|(key, _)| *key == k).map(|(_, v)| v.as_str());
+        // ONNX Runtime parses the address as a decimal integer.
+        assert_eq!(get("has_user_compute_stream"), Some("1"));
+        assert_eq!(get("user_compute_stream"), Some("2130711092"));
         assert!(unbounded.contains(&("cudnn_conv_algo_search", "EXHAUSTIVE".into())));
     }
 

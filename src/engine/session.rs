@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use ort::session::Session;
 use ort::value::TensorRef;
 
-use super::{Arena, Buckets, EngineError, Provider};
+use super::{Arena, Buckets, ComputeStream, EngineError, Provider};
 use crate::model::{self, Manifest, TensorSig};
 
 /// A session over one graph with one float32 input and one float32 output.
@@ -21,6 +21,10 @@ pub struct Graph {
     /// check, calibration probes, the host path) has its buffers placed anew each time, so it
     /// must neither capture the graph the bound runs replay nor replay it (`gpu_graph_id` -1).
     pub(super) uncaptured: Option<ort::session::RunOptions>,
+    /// Options of a bound run that returns once its work is queued: only on a session given
+    /// a compute stream, whose caller orders its own work on that stream.
+    pub(super) unsynced: Option<ort::session::RunOptions>,
+    pub(super) compute_stream: Option<ComputeStream>,
     pub(super) arena: Arena,
     pub(super) buckets: Option<Buckets>,
     pub(super) provider: Provider,
@@ -87,11 +91,22 @@ impl Graph {
         self.shrink_next = self.arena != Arena::Off || self.provider.on_gpu();
     }
 
+    /// The stream the CUDA provider runs on, when the session was given one.
+    pub fn compute_stream(&self) -> Option<ComputeStream> {
+        self.compute_stream
+    }
+
     /// Runs the session on `binding`'s device buffers (the device-resident path), giving the
     /// arena's unused regions back at its end when [`Graph::shrink_arena_after_next_run`] asked.
-    pub fn run_binding(&mut self, binding: &ort::session::IoBinding) -> Result<(), ort::Error> {
+    ///
+    /// With `wait` false, on a session given a [compute stream](Graph::compute_stream), the run
+    /// returns once its work is queued on that stream: what reads its output must be queued on
+    /// the same stream. A run that gives arena regions back always waits, so they are idle.
+    pub fn run_binding(&mut self, binding: &ort::session::IoBinding, wait: bool) -> Result<(), ort::Error> {
         let outputs = if std::mem::take(&mut self.shrink_next) {
             self.session.run_binding_with_options(binding, &self.shrink_options)
+        } else if let (false, Some(options)) = (wait, &self.unsynced) {
+            self.session.run_binding_with_options(binding, options)
         } else {
             self.session.run_binding(binding)
         }?;

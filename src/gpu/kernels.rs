@@ -88,14 +88,15 @@ impl std::fmt::Debug for Kernels {
 }
 
 impl Kernels {
-    /// Compiles (once per process) and loads the kernels on device `ordinal`.
+    /// Compiles (once per process) and loads the kernels on device `ordinal`; they run on its
+    /// [`super::session_stream`].
     pub fn new(ordinal: usize) -> Result<Self, GpuError> {
         if !super::driver_present() {
             return Err(GpuError::NoDriver);
         }
         let (pre, arg) = ptx()?;
-        let ctx = CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
-        let stream = ctx.default_stream();
+        let stream = super::session_stream(ordinal)?;
+        let ctx = stream.context().clone();
         let pre = ctx
             .load_module(cudarc::nvrtc::Ptx::from_src(pre.clone()))
             .map_err(driver("cuModuleLoadData preprocess"))?;

@@ -12,7 +12,12 @@
 //!
 //! The crate's `unsafe` outside `ffi` lives here, each block with its `// SAFETY:` argument.
 
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::CudaStream;
 use serde::Serialize;
+
+use crate::engine::ComputeStream;
 
 pub mod check;
 pub mod kernels;
@@ -133,6 +138,42 @@ pub fn info(ctx: &cudarc::driver::CudaContext, ordinal: usize) -> Result<DeviceI
             .map_err(driver("cuDeviceGetAttribute"))?
             != 0,
     })
+}
+
+/// The stream the device path's kernels and its ONNX Runtime sessions share on device
+/// `ordinal`: made on first use in the device's primary context and kept for the life of the
+/// process, since a session holds its raw handle ([`ComputeStream`]).
+pub fn session_stream(ordinal: usize) -> Result<Arc<CudaStream>, GpuError> {
+    type ByDevice = Vec<(usize, Arc<CudaStream>)>;
+    static STREAMS: OnceLock<Mutex<ByDevice>> = OnceLock::new();
+    if !driver_present() {
+        return Err(GpuError::NoDriver);
+    }
+    // A panic elsewhere while holding the list leaves it whole: every entry is pushed complete.
+    let mut streams = STREAMS
+        .get_or_init(|| Mutex::new(Vec::new()))
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, s)) = streams.iter().find(|(o, _)| *o == ordinal) {
+        return Ok(s.clone());
+    }
+    let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(driver("cuDevicePrimaryCtxRetain"))?;
+    let s = ctx.new_stream().map_err(driver("cuStreamCreate"))?;
+    streams.push((ordinal, s.clone()));
+    Ok(s)
+}
+
+/// [`session_stream`]'s handle, for the CUDA provider's `user_compute_stream`.
+pub fn compute_stream(ordinal: usize) -> Result<ComputeStream, GpuError> {
+    let s = session_stream(ordinal)?;
+    Ok(ComputeStream::of(&s))
+}
+
+impl ComputeStream {
+    /// The handle of `stream`.
+    pub(crate) fn of(stream: &CudaStream) -> Self {
+        Self(stream.cu_stream() as usize)
+    }
 }
 
 #[cfg(test)]

@@ -4,8 +4,8 @@
 use super::JobError;
 use crate::budget::{Adjustment, Cause};
 use crate::cube::Cube;
-use crate::engine::{Buckets, GpuOptions, Graph, IoPath, Provider, Runtime};
-use crate::gpu::resident::{DeviceIo, Resident, ResidentError, unsupported};
+use crate::engine::{Buckets, ComputeStream, EngineOptions, GpuOptions, Graph, IoPath, Provider, Runtime};
+use crate::gpu::resident::{DeviceIo, Resident, ResidentError, StripSender, unsupported};
 use crate::model::Manifest;
 use crate::pipeline::{Adapt, BatchDone, Maps, RunOptions, RunStats};
 
@@ -42,7 +42,20 @@ pub(super) fn choose(
     }
 }
 
-/// Runs the scene on the device path. A first batch the provider's arena cannot hold (the plan's
+/// The stream a CUDA session that may take the device path runs on: the device path's kernels'
+/// stream, so its runs are queued between their preprocessing and argmax without the host
+/// waiting. `None` where the device path is not asked for, with CUDA graphs (captured on the
+/// provider's own stream), or where no stream can be made (then the session keeps its own, and
+/// the device path, if it starts at all, waits for each run).
+pub(super) fn session_stream(engine: &EngineOptions) -> Option<ComputeStream> {
+    let gpu = &engine.gpu;
+    if engine.providers.first() != Provider::Cuda || gpu.io == IoPath::Host || gpu.cuda_graph {
+        return None;
+    }
+    crate::gpu::compute_stream(gpu.device_id as usize).ok()
+}
+
+/// Runs the scene on the device path, each finished tile row to `strips`. A first batch the provider's arena cannot hold (the plan's
 /// device line counted less than the provider asked for, such as a convolution's workspace) does
 /// not end the run: the buffers and the session (`fresh` opens another, with an empty arena) are
 /// released, the scene starts again at the next smaller bucket, and the cut is recorded in
@@ -60,6 +73,7 @@ pub(super) fn run(
     progress: &mut dyn FnMut(&BatchDone),
     mut adapt: Option<&mut dyn Adapt>,
     changes: &mut Vec<Adjustment>,
+    strips: Option<StripSender>,
 ) -> Result<(Maps, RunStats, DeviceIo), JobError> {
     loop {
         let resident = slot.as_mut().ok_or(ResidentError::Unbound)?;
@@ -70,7 +84,7 @@ pub(super) fn run(
         };
         let adapt_now = adapt.as_mut().map(|a| &mut **a as &mut dyn Adapt);
         let old = resident.bucket();
-        match resident.run(cube, graph, &mut counting, adapt_now) {
+        match resident.run(cube, graph, &mut counting, adapt_now, strips.clone()) {
             Err(e) if completed == 0 && old > 1 && is_out_of_device_memory(&e) => {
                 let new = Buckets::up_to(old).at_most(old - 1);
                 eprintln!(

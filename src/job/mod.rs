@@ -144,6 +144,8 @@ pub struct Job {
     io_fallback: Option<String>,
     /// What the last device-resident run moved.
     device_io: Option<crate::gpu::resident::DeviceIo>,
+    /// Lines of the class and confidence maps the last run already wrote into `staged`.
+    streamed_lines: usize,
     /// Device memory in use at the last run's peak (a GPU provider's).
     device_peak_bytes: Option<u64>,
 }
@@ -207,7 +209,9 @@ impl Job {
         // A batch larger than the scene holds only empty room (and `--batch 100000000` would
         // ask the allocator for it up front).
         run.batch = run.batch.min(pipeline::units(&cube, &manifest, &run).max(1));
-        let runtime = Runtime::new(gpu_bounded(&spec.engine, &spec.budget))?;
+        let mut engine = gpu_bounded(&spec.engine, &spec.budget);
+        engine.gpu.compute_stream = device::session_stream(&engine);
+        let runtime = Runtime::new(engine)?;
         gpu_batch_fits(&runtime, run.batch, "--batch")?;
         let mut graph = open_graph(&runtime, &manifest, mode)?;
         let plan = match spec.batch {
@@ -257,6 +261,7 @@ impl Job {
             io_fallback,
             device_io: None,
             device_peak_bytes: None,
+            streamed_lines: 0,
         })
     }
 
@@ -306,13 +311,27 @@ impl Job {
         let (out, manifest, scene) = (&self.out, &self.manifest, self.cube.header());
         // The headers depend only on the run's shape, so they are staged and synced while it runs,
         // and the data files made, so after the last batch they are only written.
+        // On the device path each tile row's maps are written as soon as it is finished.
+        let (strips, strip_rx) = match self.resident.is_some() && !shape.scores && manifest.task == Task::Classification
+        {
+            true => {
+                let (tx, rx) = std::sync::mpsc::sync_channel::<(usize, Maps)>(2);
+                (Some(tx), Some(rx))
+            }
+            false => (None, None),
+        };
         let (result, staged) = std::thread::scope(|scope| {
-            let headers = scope.spawn(move || -> Result<Staged, MapError> {
+            let headers = scope.spawn(move || -> Result<(Staged, usize), MapError> {
                 let mut staged = Staged::new(out)?;
                 crate::map::stage_headers(&mut staged, shape, manifest, scene)?;
                 crate::map::reserve_maps(&mut staged, shape, manifest)?;
                 staged.reserve("summary.json")?;
-                Ok(staged)
+                let mut lines = 0;
+                for (y0, strip) in strip_rx.into_iter().flatten() {
+                    crate::map::append_strip(&mut staged, y0, lines, &strip)?;
+                    lines += strip.lines;
+                }
+                Ok((staged, lines))
             });
             let gpu = &self.runtime.options().gpu;
             let mode = self.run.mode;
@@ -329,6 +348,7 @@ impl Job {
                     // A captured CUDA graph replays one shape: the governor is not asked.
                     adapt.filter(|_| !gpu.cuda_graph),
                     &mut retries,
+                    strips,
                 )
                 .map(|(maps, stats, io)| (maps, stats, Some(io))),
                 None => pipeline::run(
@@ -358,13 +378,24 @@ impl Job {
         self.device_peak_bytes = device.map(|d| d.stop());
         let (maps, stats, io) = result?;
         self.device_io = io;
-        self.staged = Some(staged?);
+        let (staged, lines) = staged?;
+        self.staged = Some(staged);
+        self.streamed_lines = lines;
         Ok((maps, stats))
     }
 
     /// Whether batches take the device-resident path (`--io`).
     pub fn device_resident(&self) -> bool {
         self.resident.is_some()
+    }
+
+    /// Pure inference on the device path, seconds: `runs` session runs on its bound buffers back
+    /// to back with nothing between them (`None` on the host path).
+    pub fn device_pure_inference(&mut self, runs: usize) -> Result<Option<f64>, JobError> {
+        match self.resident.as_mut() {
+            Some(r) => Ok(Some(r.pure_inference(&mut self.graph, runs)?.as_secs_f64())),
+            None => Ok(None),
+        }
     }
 
     /// What the last device-resident run moved (`None` on the host path).
@@ -383,21 +414,24 @@ impl Job {
     }
 
     /// Writes the maps and `summary.json` atomically into the output folder and returns the summary.
+    /// `maps` are those the last [`Job::infer`] returned: on the device path the rows it
+    /// finished are already in the staged files, and only the rest is written here.
     ///
     /// The files a write replaces are unlinked on a thread of their own after the commit; the next
     /// write, or dropping the job, waits for it.
     pub fn write(&mut self, maps: &Maps, stats: &RunStats) -> Result<Summary, JobError> {
         let t0 = Instant::now();
         let accuracy = self.labels.as_ref().map(|l| accuracy(maps, l));
-        let mut staged = match self.staged.take() {
-            Some(s) if s.dir() == self.spec.out && MapShape::of(maps) == self.map_shape() => s,
+        let streamed = std::mem::take(&mut self.streamed_lines);
+        let (mut staged, from_line) = match self.staged.take() {
+            Some(s) if s.dir() == self.spec.out && MapShape::of(maps) == self.map_shape() => (s, streamed),
             _ => {
                 let mut s = Staged::new(&self.out)?;
                 crate::map::stage_headers(&mut s, MapShape::of(maps), &self.manifest, self.cube.header())?;
-                s
+                (s, 0)
             }
         };
-        let written = crate::map::stage_maps(&mut staged, maps, &self.manifest)?;
+        let written = crate::map::stage_maps(&mut staged, maps, &self.manifest, from_line)?;
         let mut summary = Summary {
             run_id: staged.run_id().to_string(),
             scene: self.cube.header_path().to_path_buf(),

@@ -231,17 +231,45 @@ pub fn reserve_maps(staged: &mut Staged, shape: MapShape, manifest: &Manifest) -
     Ok(())
 }
 
+/// Appends a strip of a classification run's maps, scene lines `y0 ..`, to the class and
+/// confidence maps being staged, and starts syncing them; strips come top to bottom, and
+/// [`stage_maps`] from the line after the last one finishes the files.
+pub fn append_strip(staged: &mut Staged, y0: usize, done: usize, strip: &Maps) -> Result<(), MapError> {
+    if y0 != done {
+        return Err(MapError::Io {
+            path: staged.dir().join("class_map.img"),
+            source: std::io::Error::other(format!("a strip from line {y0} came after line {done}")),
+        });
+    }
+    for (name, bytes) in [
+        ("class_map.img", std::borrow::Cow::Borrowed(&strip.class_ids[..])),
+        ("confidence.img", std::borrow::Cow::Owned(encode_f32(&strip.confidence))),
+    ] {
+        staged.append(name, &bytes)?;
+        staged.sync_appended(name)?;
+    }
+    Ok(())
+}
+
 /// Stages the data of a run's maps (class and confidence maps for classification, the abundance
 /// or score map when kept) and the quick-look; their headers come from [`stage_headers`].
-pub fn stage_maps(staged: &mut Staged, maps: &Maps, manifest: &Manifest) -> Result<Written, MapError> {
+/// The class and confidence maps' first `from_line` lines are already in their files
+/// ([`append_strip`]).
+pub fn stage_maps(
+    staged: &mut Staged,
+    maps: &Maps,
+    manifest: &Manifest,
+    from_line: usize,
+) -> Result<Written, MapError> {
     let mut w = Written::default();
+    let from = from_line.min(maps.lines) * maps.samples;
     let run_id = staged.run_id().to_string();
     // The quick-look is encoded on its own thread while the maps are written.
     std::thread::scope(|scope| -> Result<(), MapError> {
         let png = scope.spawn(|| quicklook_png(maps, manifest, &run_id));
         if manifest.task == Task::Classification {
-            w.class_map = Some(staged.add("class_map.img", &maps.class_ids)?);
-            w.confidence_map = Some(staged.add("confidence.img", &encode_f32(&maps.confidence))?);
+            w.class_map = Some(staged.add("class_map.img", &maps.class_ids[from..])?);
+            w.confidence_map = Some(staged.add("confidence.img", &encode_f32(&maps.confidence[from..]))?);
         }
         if let Some(scores) = &maps.scores {
             w.scores_map = Some(staged.add(&format!("{}.img", scores_name(manifest)), &encode_f32(scores))?);
@@ -257,4 +285,54 @@ pub fn stage_maps(staged: &mut Staged, maps: &Maps, manifest: &Manifest) -> Resu
         Ok(())
     })?;
     Ok(w)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::map::lock::Contention;
+
+    #[test]
+    fn maps_written_as_strips_then_the_rest_are_the_maps_written_whole() {
+        let manifest =
+            Manifest::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/hybridsn_salinas_a/manifest.json"))
+                .unwrap();
+        let (lines, samples) = (7, 5);
+        let ids: Vec<u8> = manifest.outputs.iter().map(|o| o.id as u8).collect();
+        let maps = Maps {
+            lines,
+            samples,
+            channels: ids.len(),
+            class_ids: (0..lines * samples).map(|i| ids[i % ids.len()]).collect(),
+            confidence: (0..lines * samples).map(|i| i as f32 / 64.0).collect(),
+            scores: None,
+            nonfinite_pixels: 0,
+        };
+        let strip = |y0: usize, y1: usize| Maps {
+            lines: y1 - y0,
+            class_ids: maps.class_ids[y0 * samples..y1 * samples].to_vec(),
+            confidence: maps.confidence[y0 * samples..y1 * samples].to_vec(),
+            ..maps.clone()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let written = |streamed: &[(usize, usize)]| {
+            let out = OutputDir::lock(&dir.path().join(format!("out{}", streamed.len())), Contention::Fail).unwrap();
+            let mut staged = Staged::new(&out).unwrap();
+            reserve_maps(&mut staged, MapShape::of(&maps), &manifest).unwrap();
+            let mut done = 0;
+            for &(y0, y1) in streamed {
+                append_strip(&mut staged, y0, done, &strip(y0, y1)).unwrap();
+                done = y1;
+            }
+            // A strip that does not start where the last ended is refused.
+            assert!(append_strip(&mut staged, done + 1, done, &strip(done, done + 1)).is_err());
+            stage_maps(&mut staged, &maps, &manifest, done).unwrap();
+            drop(staged.commit().unwrap());
+            ["class_map.img", "confidence.img"].map(|n| std::fs::read(out.path().join(n)).unwrap())
+        };
+        let whole = written(&[]);
+        assert_eq!(whole[0], maps.class_ids);
+        assert_eq!(whole[1], encode_f32(&maps.confidence));
+        assert_eq!(written(&[(0, 3), (3, 6)]), whole);
+    }
 }

@@ -5,6 +5,7 @@
 
 use std::time::{Duration, Instant};
 
+use cudarc::driver::CudaStream;
 use ort::memory::Allocator;
 use ort::session::IoBinding;
 use ort::value::Tensor;
@@ -32,13 +33,15 @@ pub struct Bound {
 
 impl Bound {
     /// Allocates and binds `units` units: `in_unit` / `out_unit` are one unit's shape after the
-    /// batch dimension. The input is zeroed, so padded units of a partial batch are defined.
+    /// batch dimension. The input is zeroed on `stream` (the kernels' stream, which writes it
+    /// next), so padded units of a partial batch are defined.
     pub fn new(
         graph: &mut Graph,
         allocator: &Allocator,
         units: usize,
         in_unit: &[usize],
         out_unit: &[usize],
+        stream: &CudaStream,
     ) -> Result<Self, ResidentError> {
         let path = graph.path().to_path_buf();
         let ort = |call| ort_error(&path, call);
@@ -47,9 +50,13 @@ impl Bound {
         let mut output = Tensor::<f32>::new(allocator, shape(out_unit)).map_err(ort("allocating the output"))?;
         let in_floats: usize = shape(in_unit).iter().product();
         let in_ptr = input.data_ptr_mut() as u64;
+        stream.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         // SAFETY: `in_ptr` is the input tensor's device allocation of `in_floats` float32 values
-        // in this device's primary context (the CUDA provider's allocator).
-        unsafe { cudarc::driver::result::memset_d8_sync(in_ptr, 0, in_floats * 4) }.map_err(driver("cuMemsetD8"))?;
+        // in this device's primary context (the CUDA provider's allocator), the context of
+        // `stream`; the tensor outlives the memset, which is ordered before every later use of
+        // the input on `stream`.
+        unsafe { cudarc::driver::result::memset_d8_async(in_ptr, 0, in_floats * 4, stream.cu_stream()) }
+            .map_err(driver("cuMemsetD8Async"))?;
         let (input_name, output_name) = (graph.input().name.clone(), graph.output().name.clone());
         let mut binding = graph.session_mut().create_binding().map_err(ort("CreateIoBinding"))?;
         binding.bind_input(input_name, &input).map_err(ort("BindInput"))?;
@@ -74,15 +81,19 @@ impl Bound {
         self.output.data_ptr() as u64
     }
 
-    /// Runs the session on the bound buffers; returns the run's time. ONNX Runtime synchronises
-    /// its stream before a run returns, except when it replays a captured CUDA graph
-    /// (`cuda_graph`): then the outputs are synchronised too, inside the time, which then also
-    /// waits for whatever else the device is doing (the next batch's upload).
-    pub fn run(&self, graph: &mut Graph, cuda_graph: bool) -> Result<Duration, ResidentError> {
+    /// Runs the session on the bound buffers; returns the time the call took. ONNX Runtime
+    /// synchronises its stream before a run returns, except when it replays a captured CUDA
+    /// graph (`cuda_graph`): then the outputs are synchronised too, inside the time, which then
+    /// also waits for whatever else the device is doing (the next batch's upload); or when
+    /// `queued` and the session runs on the kernels' stream: then the call returns once the
+    /// run is queued on it.
+    pub fn run(&self, graph: &mut Graph, cuda_graph: bool, queued: bool) -> Result<Duration, ResidentError> {
         let path = graph.path().to_path_buf();
         let fail = |call| ort_error(&path, call);
         let t0 = Instant::now();
-        graph.run_binding(&self.binding).map_err(fail("RunWithBinding"))?;
+        graph
+            .run_binding(&self.binding, !queued)
+            .map_err(fail("RunWithBinding"))?;
         // A replayed CUDA graph may still be running on the provider's own stream when the run
         // returns: the output is read only once the provider has synchronised it. Otherwise
         // this would wait for the whole device (the copy stream's upload too).

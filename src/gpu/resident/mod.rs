@@ -14,8 +14,13 @@ pub mod bound;
 pub mod gather;
 pub mod mapped;
 pub mod prefetch;
+mod reduce;
 mod run;
+mod stitch;
 
+pub use stitch::StripSender;
+
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaSlice, CudaStream, PinnedHostSlice};
@@ -176,11 +181,18 @@ pub struct Resident {
     d_window: CudaSlice<f32>,
     d_mean: CudaSlice<f32>,
     d_inv: CudaSlice<f32>,
-    cls: CudaSlice<u32>,
-    conf: CudaSlice<f32>,
-    h_cls: Vec<u32>,
-    h_conf: Vec<f32>,
+    /// Labels and confidence of the last two runs, on the device and in pinned host memory.
+    cls: [CudaSlice<u32>; 2],
+    conf: [CudaSlice<f32>; 2],
+    h_cls: [PinnedHostSlice<u32>; 2],
+    h_conf: [PinnedHostSlice<f32>; 2],
+    /// Runs reduced so far in this run (which label buffers the next one takes).
+    reductions: usize,
+    /// The run whose labels are on their way back.
+    pending: VecDeque<reduce::Reduction>,
     cuda_graph: bool,
+    /// The session runs on the kernels' stream and its runs are only queued.
+    queued: bool,
     /// Each tile row's window lines and each tile column's window samples (scene indices).
     d_lines: CudaSlice<i32>,
     d_cols: CudaSlice<i32>,
@@ -267,7 +279,7 @@ impl Resident {
         let allocator = Allocator::new(session, info).map_err(ort("CreateAllocator (CUDA)"))?;
         let in_floats: usize = in_shape.iter().product();
         let (in_unit, out_unit) = (in_shape[1..].to_vec(), out_shape[1..].to_vec());
-        let bound = bound::Bound::new(graph, &allocator, bucket, &in_unit, &out_unit)?;
+        let bound = bound::Bound::new(graph, &allocator, bucket, &in_unit, &out_unit, k.stream())?;
         let size = cube.header().data_type.size();
         let units_raw = match opts.mode {
             Mode::Dense => bucket,
@@ -347,10 +359,22 @@ impl Resident {
             d_window,
             d_mean: s.clone_htod(&mean).map_err(driver("cuMemcpyHtoD"))?,
             d_inv: s.clone_htod(&inv).map_err(driver("cuMemcpyHtoD"))?,
-            cls: s.alloc_zeros::<u32>(m).map_err(driver("cuMemAlloc"))?,
-            conf: s.alloc_zeros::<f32>(m).map_err(driver("cuMemAlloc"))?,
-            h_cls: vec![0; m],
-            h_conf: vec![0.0; m],
+            cls: [
+                s.alloc_zeros::<u32>(m).map_err(driver("cuMemAlloc"))?,
+                s.alloc_zeros::<u32>(m).map_err(driver("cuMemAlloc"))?,
+            ],
+            conf: [
+                s.alloc_zeros::<f32>(m).map_err(driver("cuMemAlloc"))?,
+                s.alloc_zeros::<f32>(m).map_err(driver("cuMemAlloc"))?,
+            ],
+            h_cls: [pinned(&k, m)?, pinned(&k, m)?],
+            h_conf: [pinned(&k, m)?, pinned(&k, m)?],
+            reductions: 0,
+            pending: VecDeque::new(),
+            queued: !cuda_graph
+                && graph
+                    .compute_stream()
+                    .is_some_and(|c| c == crate::gpu::ComputeStream::of(k.stream())),
             cuda_graph,
             d_lines: s.clone_htod(&lines).map_err(driver("cuMemcpyHtoD"))?,
             d_cols: s.clone_htod(&cols).map_err(driver("cuMemcpyHtoD"))?,
@@ -381,6 +405,13 @@ impl Resident {
     pub fn bucket(&self) -> usize {
         self.bucket
     }
+}
+
+/// Pinned host memory for `len` values that the device writes before the host reads them.
+fn pinned<T: cudarc::driver::DeviceRepr>(k: &Kernels, len: usize) -> Result<PinnedHostSlice<T>, ResidentError> {
+    // SAFETY: the buffer's values are read only after a copy from the device wrote them (the
+    // label copy of each run covers the part read back).
+    Ok(unsafe { k.context().alloc_pinned::<T>(len) }.map_err(driver("cuMemHostAlloc"))?)
 }
 
 /// Turns ONNX Runtime's error in `call` on `graph`'s session into [`ResidentError::Ort`].

@@ -1,11 +1,12 @@
 //! Running a scene on the device path: batches taken from the prefetch in order, uploaded,
 //! preprocessed, run and reduced, with the governor's cuts applied between batches.
 
-use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
+use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, PinnedHostSlice};
 
+use super::stitch::{Canvas, Place, Stitch, Stitcher, StripSender};
 use super::{DeviceIo, Resident, ResidentError, bound, mapped, prefetch};
 use crate::cube::{Cube, DataType};
 use crate::engine::Graph;
@@ -19,12 +20,14 @@ impl Resident {
     /// device path moved. `progress` gets each batch's record; `adapt` (the memory governor) may
     /// cut the batch after each one: it then runs at [`bound::size_for`] the governor's batch
     /// (the largest engine bucket at or below it), re-bound (not with CUDA graphs, whose capture has one shape).
+    /// Each tile row goes to `strips` as soon as all its pixels are in.
     pub fn run(
         &mut self,
         cube: &Cube,
         graph: &mut Graph,
         progress: &mut dyn FnMut(&BatchDone),
         mut adapt: Option<&mut dyn Adapt>,
+        strips: Option<StripSender>,
     ) -> Result<(Maps, RunStats, DeviceIo), ResidentError> {
         let start = Instant::now();
         let grid = self.grid;
@@ -56,21 +59,25 @@ impl Resident {
         let batches: Vec<&[TileRect]> = tiles.chunks(self.units_raw).collect();
         io.gather_threads = self.gather_threads;
         let mapped = self.choose_upload(cube, &mut io)?;
-        let m = self.h_cls.len();
-        let mut canvas = Canvas {
-            maps: &mut maps,
-            written: &mut written,
-            ids: self.ids.clone(),
-            samples: cube.samples(),
-            tile_w: grid.tile_w,
-            pixels_per_unit: self.pixels_per_unit,
-        };
+        let m = self.bucket * self.pixels_per_unit;
+        let mut canvas = Canvas::new(
+            &mut maps,
+            &mut written,
+            self.ids.clone(),
+            &grid,
+            self.pixels_per_unit,
+            strips,
+        );
+        self.pending.clear();
         let ran: Result<Duration, ResidentError> = std::thread::scope(|sc| {
             // Stitching runs beside the next batch: two label buffers go round between this
             // thread, which fills one, and the stitcher, which empties the other.
             let (jobs, job_rx) = sync_channel::<Stitch>(1);
             let (back_tx, back) = sync_channel::<(Vec<u32>, Vec<f32>)>(2);
-            let _ = back_tx.send((vec![0; m], vec![0.0; m]));
+            // One pair for the stitcher, one for the run's thread to fill.
+            for _ in 0..2 {
+                let _ = back_tx.send((vec![0; m], vec![0.0; m]));
+            }
             let stitcher = sc.spawn(move || {
                 for job in job_rx {
                     canvas.apply(&job);
@@ -84,21 +91,18 @@ impl Resident {
                 stats: &mut stats,
                 io: &mut io,
                 infer: Duration::ZERO,
+                start,
             };
             let ran = if mapped {
-                self.run_batches(
-                    &Feed::Mapped,
-                    &batches,
-                    cube,
-                    graph,
-                    &mut out,
-                    start,
-                    progress,
-                    &mut adapt,
-                )
+                self.run_batches(&Feed::Mapped, &batches, cube, graph, &mut out, progress, &mut adapt)
             } else {
-                self.gathered(cube, &batches, graph, &mut out, start, progress, &mut adapt)
+                self.gathered(cube, &batches, graph, &mut out, progress, &mut adapt)
             };
+            if ran.is_err() {
+                // Nothing queued may still use the buffers when they are released.
+                let _ = self.k.stream().synchronize();
+                self.pending.clear();
+            }
             let infer = out.infer;
             // Closing the job channel ends the stitcher after the jobs sent.
             drop(out);
@@ -139,7 +143,6 @@ impl Resident {
         batches: &[&[TileRect]],
         graph: &mut Graph,
         out: &mut Out<'_>,
-        start: Instant,
         progress: &mut dyn FnMut(&BatchDone),
         adapt: &mut Option<&mut dyn Adapt>,
     ) -> Result<(), ResidentError> {
@@ -151,7 +154,7 @@ impl Resident {
         // With CUDA graphs the copy runs on this thread, between session runs: no other thread
         // makes driver calls while ONNX Runtime captures.
         let ran = prefetch::with_prefetch(batches, &mut pool, self.cuda_graph, &fill, |p| {
-            self.run_batches(&Feed::Gathered(p), batches, cube, graph, out, start, progress, adapt)
+            self.run_batches(&Feed::Gathered(p), batches, cube, graph, out, progress, adapt)
         });
         self.pool = pool;
         ran
@@ -166,7 +169,6 @@ impl Resident {
         cube: &Cube,
         graph: &mut Graph,
         out: &mut Out<'_>,
-        start: Instant,
         progress: &mut dyn FnMut(&BatchDone),
         adapt: &mut Option<&mut dyn Adapt>,
     ) -> Result<(), ResidentError> {
@@ -195,13 +197,10 @@ impl Resident {
                         {
                             self.take_and_upload(p, cube, next, 1 - slot, out.io)?;
                         }
-                        let ran = self.infer_and_reduce(graph, n, out.io)?;
-                        out.infer += ran;
                         let done = &chunk[first..first + n];
                         let pixels = done.iter().map(|t| t.h * t.w).sum();
-                        self.stitch(&out.stitch, Place::Tiles(done.to_vec()))?;
-                        self.done(out.stats, start, n, pixels, ran, progress);
-                        self.adapt(graph, adapt, out.stats.batches)?;
+                        self.infer_and_reduce(graph, n, pixels, Place::Tiles(done.to_vec()), out, progress)?;
+                        self.adapt(graph, adapt, out, progress)?;
                         first += n;
                     }
                 }
@@ -221,8 +220,8 @@ impl Resident {
                         let n = self.units()?.min(count - first);
                         let in_ptr = self.bound_mut()?.input_ptr();
                         // SAFETY: the bound input holds `units * bands * p * p` floats and
-                        // n <= units; the session reads it only in the run below, after this
-                        // stream is synchronised.
+                        // n <= units; the session reads it only in the run below, queued after
+                        // this on the same stream or run after this stream is synchronised.
                         unsafe {
                             self.k.gather_patches_into(
                                 &self.d_window,
@@ -234,17 +233,14 @@ impl Resident {
                                 in_ptr,
                             )?;
                         }
-                        let ran = self.infer_and_reduce(graph, n, out.io)?;
-                        out.infer += ran;
-                        self.stitch(&out.stitch, Place::Patches { tile: *t, first, n })?;
-                        self.done(out.stats, start, n, n, ran, progress);
-                        self.adapt(graph, adapt, out.stats.batches)?;
+                        self.infer_and_reduce(graph, n, n, Place::Patches { tile: *t, first, n }, out, progress)?;
+                        self.adapt(graph, adapt, out, progress)?;
                         first += n;
                     }
                 }
             }
         }
-        Ok(())
+        self.drain(out, progress)
     }
 
     /// Units of the bound shape.
@@ -263,29 +259,34 @@ impl Resident {
         &mut self,
         graph: &mut Graph,
         adapt: &mut Option<&mut dyn Adapt>,
-        done: usize,
+        out: &mut Out<'_>,
+        progress: &mut dyn FnMut(&BatchDone),
     ) -> Result<(), ResidentError> {
         let Some(a) = adapt.as_mut() else {
             return Ok(());
         };
         let current = self.units()?;
-        let want = bound::size_for(self.bucket, a.after_batch(done as u64, current));
+        let want = bound::size_for(self.bucket, a.after_batch(out.stats.batches as u64, current));
         if want == current {
             return Ok(());
         }
+        // The old buffers go only once nothing queued uses them.
+        self.drain(out, progress)?;
+        self.k.stream().synchronize().map_err(driver("cuStreamSynchronize"))?;
         self.bound = None;
         if want < current {
             graph.shrink_arena_after_next_run();
         }
         let (input, output) = (&self.in_unit, &self.out_unit);
-        self.bound = match bound::Bound::new(graph, &self.allocator, want, input, output) {
+        let s = self.k.stream().clone();
+        self.bound = match bound::Bound::new(graph, &self.allocator, want, input, output, &s) {
             Ok(b) => Some(b),
             // Growing back found the memory gone again: keep the batch it had.
             Err(e) if want > current => {
                 eprintln!(
                     "hsiedge: warning: device path: batch {want} could not be bound ({e}); it stays at {current}"
                 );
-                Some(bound::Bound::new(graph, &self.allocator, current, input, output)?)
+                Some(bound::Bound::new(graph, &self.allocator, current, input, output, &s)?)
             }
             Err(e) => return Err(e),
         };
@@ -336,6 +337,9 @@ impl Resident {
         slot: usize,
         io: &mut DeviceIo,
     ) -> Result<(), ResidentError> {
+        // The slot was last read by preprocessing queued on the kernels' stream, which may not
+        // have run yet: the copy waits for what that stream has queued so far.
+        self.up.join(self.k.stream()).map_err(driver("cuStreamWaitEvent"))?;
         let p = match feed {
             Feed::Gathered(p) => p,
             Feed::Mapped => {
@@ -454,75 +458,6 @@ impl Resident {
         }
         Ok(())
     }
-
-    /// Runs the session on the bound buffers and reduces the first `n` units' outputs to labels
-    /// and confidence on the host; returns the run's own time.
-    fn infer_and_reduce(&mut self, graph: &mut Graph, n: usize, io: &mut DeviceIo) -> Result<Duration, ResidentError> {
-        let s = self.k.stream().clone();
-        // The session runs on its own stream: the input must be complete before it starts.
-        s.synchronize().map_err(driver("cuStreamSynchronize"))?;
-        let bound = self.bound.as_ref().ok_or(ResidentError::Unbound)?;
-        let ran = bound.run(graph, self.cuda_graph)?;
-        let (units, out_ptr) = (bound.units, bound.output_ptr());
-        io.host_path_h2d_bytes += (units * self.in_per_unit * 4) as u64;
-        let m = n * self.pixels_per_unit;
-        // SAFETY: the bound output holds units x classes x pixels_per_unit floats (n <= units),
-        // written by the run that has returned above.
-        unsafe {
-            self.k.argmax_from(
-                out_ptr,
-                (n, self.classes, self.pixels_per_unit),
-                self.logits,
-                &mut self.cls,
-                &mut self.conf,
-            )
-        }?;
-        s.memcpy_dtoh(&self.cls.slice(0..m), &mut self.h_cls[..m])
-            .map_err(driver("cuMemcpyDtoH"))?;
-        s.memcpy_dtoh(&self.conf.slice(0..m), &mut self.h_conf[..m])
-            .map_err(driver("cuMemcpyDtoH"))?;
-        s.synchronize().map_err(driver("cuStreamSynchronize"))?;
-        io.d2h_bytes += (m * 8) as u64;
-        Ok(ran)
-    }
-
-    /// Hands the last reduction's labels and confidence to the stitcher with where they go, and
-    /// takes the stitcher's emptied buffers for the next one (waiting while it is a batch behind).
-    fn stitch(&mut self, st: &Stitcher, place: Place) -> Result<(), ResidentError> {
-        let (cls, conf) = st.back.recv().map_err(|_| ResidentError::Stitcher)?;
-        let job = Stitch {
-            cls: std::mem::replace(&mut self.h_cls, cls),
-            conf: std::mem::replace(&mut self.h_conf, conf),
-            place,
-        };
-        st.jobs.send(job).map_err(|_| ResidentError::Stitcher)
-    }
-
-    fn done(
-        &self,
-        stats: &mut RunStats,
-        start: Instant,
-        units: usize,
-        pixels: usize,
-        ran: Duration,
-        progress: &mut dyn FnMut(&BatchDone),
-    ) {
-        if stats.batches == 0 {
-            stats.first_batch_s = start.elapsed().as_secs_f64();
-        }
-        stats.batches += 1;
-        stats.pixels += pixels;
-        progress(&BatchDone {
-            batches: stats.batches,
-            pixels_done: stats.pixels,
-            units,
-            pixels,
-            infer_s: ran.as_secs_f64(),
-            wait_s: 0.0,
-            queued: 0,
-            batch: self.bound.as_ref().map_or(self.bucket, |b| b.units),
-        });
-    }
 }
 
 /// Where a batch's raw windows come from.
@@ -534,181 +469,12 @@ enum Feed<'p, 'a> {
 }
 
 /// What a run writes as its batches finish.
-struct Out<'a> {
-    stitch: Stitcher,
-    stats: &'a mut RunStats,
-    io: &'a mut DeviceIo,
+pub(super) struct Out<'a> {
+    pub stitch: Stitcher,
+    pub stats: &'a mut RunStats,
+    pub io: &'a mut DeviceIo,
     /// The session runs' own time.
-    infer: Duration,
-}
-
-/// The run's end of the stitcher thread.
-struct Stitcher {
-    jobs: SyncSender<Stitch>,
-    back: Receiver<(Vec<u32>, Vec<f32>)>,
-}
-
-/// One reduction's labels and confidence, and where they go.
-struct Stitch {
-    cls: Vec<u32>,
-    conf: Vec<f32>,
-    place: Place,
-}
-
-/// Where a reduction's outputs go in the scene.
-enum Place {
-    /// Dense: unit i is tile i's pixels, row-major in a tile of the grid's width.
-    Tiles(Vec<TileRect>),
-    /// Patch: unit i is pixel `first + i` of `tile`, row-major.
-    Patches { tile: TileRect, first: usize, n: usize },
-}
-
-/// The maps the stitcher writes.
-struct Canvas<'a> {
-    maps: &'a mut Maps,
-    /// How many times each scene pixel was written (exactly once at the end).
-    written: &'a mut [u8],
-    ids: Vec<u8>,
-    samples: usize,
-    tile_w: usize,
-    pixels_per_unit: usize,
-}
-
-impl Canvas<'_> {
-    fn apply(&mut self, job: &Stitch) {
-        match &job.place {
-            Place::Tiles(tiles) => {
-                for (i, t) in tiles.iter().enumerate() {
-                    for y in 0..t.h {
-                        for x in 0..t.w {
-                            let at = i * self.pixels_per_unit + y * self.tile_w + x;
-                            self.put(job, (t.y0 + y) * self.samples + t.x0 + x, at);
-                        }
-                    }
-                }
-            }
-            Place::Patches { tile: t, first, n } => {
-                for i in 0..*n {
-                    let q = first + i;
-                    self.put(job, (t.y0 + q / t.w) * self.samples + t.x0 + q % t.w, i);
-                }
-            }
-        }
-    }
-
-    /// Writes unit output `at` of `job` to scene pixel `scene`.
-    fn put(&mut self, job: &Stitch, scene: usize, at: usize) {
-        self.written[scene] = self.written[scene].saturating_add(1);
-        match job.cls[at] {
-            u32::MAX => {
-                self.maps.class_ids[scene] = 0;
-                self.maps.confidence[scene] = f32::NAN;
-                self.maps.nonfinite_pixels += 1;
-            }
-            c => {
-                self.maps.class_ids[scene] = self.ids.get(c as usize).copied().unwrap_or(0);
-                self.maps.confidence[scene] = job.conf[at];
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tile::TileGrid;
-
-    fn maps(lines: usize, samples: usize) -> Maps {
-        Maps {
-            lines,
-            samples,
-            channels: 3,
-            class_ids: vec![0; lines * samples],
-            confidence: vec![f32::NAN; lines * samples],
-            scores: None,
-            nonfinite_pixels: 0,
-        }
-    }
-
-    #[test]
-    fn the_stitcher_puts_dense_tiles_and_patches_where_they_belong() {
-        // A 5 x 7 scene in tiles of 4: the edge tiles are partial.
-        let grid = TileGrid::new(5, 7, 4, 1);
-        let tiles: Vec<TileRect> = (0..grid.rows)
-            .flat_map(|r| (0..grid.cols).map(move |c| (r, c)))
-            .map(|(r, c)| grid.rect(r, c))
-            .collect();
-        let ppu = grid.tile_h * grid.tile_w;
-        let mut m = maps(5, 7);
-        let mut written = vec![0u8; 35];
-        let mut canvas = Canvas {
-            maps: &mut m,
-            written: &mut written,
-            ids: vec![10, 20, 30],
-            samples: 7,
-            tile_w: grid.tile_w,
-            pixels_per_unit: ppu,
-        };
-        // Unit i's pixel (y, x) gets class (scene line + scene sample) % 3, confidence its
-        // scene index; one pixel is not finite.
-        for chunk in tiles.chunks(3) {
-            let mut cls = vec![0u32; 3 * ppu];
-            let mut conf = vec![0f32; 3 * ppu];
-            for (i, t) in chunk.iter().enumerate() {
-                for y in 0..t.h {
-                    for x in 0..t.w {
-                        let (sy, sx) = (t.y0 + y, t.x0 + x);
-                        let at = i * ppu + y * grid.tile_w + x;
-                        cls[at] = if (sy, sx) == (4, 6) {
-                            u32::MAX
-                        } else {
-                            ((sy + sx) % 3) as u32
-                        };
-                        conf[at] = (sy * 7 + sx) as f32;
-                    }
-                }
-            }
-            canvas.apply(&Stitch {
-                cls,
-                conf,
-                place: Place::Tiles(chunk.to_vec()),
-            });
-        }
-        assert!(written.iter().all(|&c| c == 1));
-        for p in 0..35 {
-            let (sy, sx) = (p / 7, p % 7);
-            if p == 34 {
-                assert_eq!((m.class_ids[p], m.confidence[p].is_nan()), (0, true));
-            } else {
-                assert_eq!(m.class_ids[p], [10, 20, 30][(sy + sx) % 3], "pixel {p}");
-                assert_eq!(m.confidence[p], p as f32);
-            }
-        }
-        assert_eq!(m.nonfinite_pixels, 1);
-
-        // Patch mode: pixels 3.. of the tile at (0, 1), unit i is pixel first + i.
-        let mut m = maps(5, 7);
-        let mut written = vec![0u8; 35];
-        let t = grid.rect(0, 1);
-        let mut canvas = Canvas {
-            maps: &mut m,
-            written: &mut written,
-            ids: vec![10, 20, 30],
-            samples: 7,
-            tile_w: grid.tile_w,
-            pixels_per_unit: 1,
-        };
-        let n = t.h * t.w - 3;
-        canvas.apply(&Stitch {
-            cls: vec![2; n],
-            conf: (0..n).map(|i| i as f32).collect(),
-            place: Place::Patches { tile: t, first: 3, n },
-        });
-        for i in 0..n {
-            let q = 3 + i;
-            let p = (t.y0 + q / t.w) * 7 + t.x0 + q % t.w;
-            assert_eq!((written[p], m.class_ids[p], m.confidence[p]), (1, 30, i as f32));
-        }
-        assert_eq!(written.iter().map(|&c| usize::from(c)).sum::<usize>(), n);
-    }
+    pub infer: Duration,
+    /// When the run started.
+    pub start: Instant,
 }

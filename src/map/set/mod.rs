@@ -50,6 +50,8 @@ struct Entry {
     file: std::fs::File,
     /// `None` while reserved and not yet written.
     sync: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    /// Syncs of what was appended before the file was finished.
+    early: Vec<std::thread::JoinHandle<std::io::Result<()>>>,
 }
 
 impl Staged {
@@ -138,6 +140,30 @@ impl Staged {
         })
     }
 
+    /// Starts syncing what was appended to `name` so far, on its own thread, so the sync when
+    /// the file is finished has only the rest to write; [`Staged::commit`] waits for it.
+    pub fn sync_appended(&mut self, name: &str) -> Result<(), MapError> {
+        let path = self.out.path().join(name);
+        let Some(e) = self.files.iter_mut().find(|e| e.name == name && e.sync.is_none()) else {
+            return Err(MapError::Io {
+                path,
+                source: std::io::Error::other("not a file being appended to"),
+            });
+        };
+        let sync = e.file.try_clone().and_then(|file| {
+            std::thread::Builder::new()
+                .name("hsiedge-sync".into())
+                .spawn(move || file.sync_data())
+        });
+        match sync {
+            Ok(h) => {
+                e.early.push(h);
+                Ok(())
+            }
+            Err(source) => Err(MapError::Io { path, source }),
+        }
+    }
+
     /// Makes the file `name` (empty) and returns the path it will have in the output folder;
     /// [`Staged::add`] writes it later. [`Staged::commit`] fails while a reserved file has not
     /// been written.
@@ -163,6 +189,7 @@ impl Staged {
             name: name.to_string(),
             file,
             sync: None,
+            early: Vec::new(),
         });
         Ok(path)
     }
@@ -179,11 +206,17 @@ impl Staged {
         };
         let mut failed = None;
         for e in &mut self.files {
+            let early = e.early.drain(..).map(|s| s.join()).collect::<Vec<_>>();
             let synced = match e.sync.take().map(|s| s.join()) {
                 Some(Ok(r)) => r,
                 Some(Err(_)) => Err(std::io::Error::other("a file sync thread panicked")),
                 None => Err(std::io::Error::other("reserved but never written")),
-            };
+            }
+            .and_then(|()| {
+                early
+                    .into_iter()
+                    .try_for_each(|r| r.unwrap_or_else(|_| Err(std::io::Error::other("a file sync thread panicked"))))
+            });
             if let Err(source) = synced {
                 failed.get_or_insert(MapError::Io {
                     path: out.join(&e.name),
@@ -258,7 +291,7 @@ impl Drop for Staged {
         }
         // Not committed: the set in force stays, and nothing of this one is left.
         for e in &mut self.files {
-            if let Some(s) = e.sync.take() {
+            for s in e.early.drain(..).chain(e.sync.take()) {
                 let _ = s.join();
             }
         }
