@@ -8,7 +8,7 @@ use crate::budget::{self, Adjustment, BudgetConfig, BudgetError, Calibration, Ch
 use crate::cube::{Cube, CubeError};
 use crate::engine::{EngineError, EngineOptions, Graph, Runtime};
 use crate::graph::{self, GraphError, ShapeBindings};
-use crate::map::{MapError, MapShape, OutputDir, Staged};
+use crate::map::{MapError, MapShape, OutputDir, QuicklookStream, Staged};
 use crate::model::{Manifest, ModelError, Role, Task};
 use crate::pipeline::{self, Maps, Mode, PipelineError, RunOptions, RunStats};
 
@@ -132,7 +132,7 @@ pub struct Job {
     /// The reference label map (`--labels`), opened and checked when the job is resolved.
     labels: Option<Cube>,
     /// The output set of the last run, its headers staged while it ran.
-    staged: Option<Staged>,
+    staged: Option<Streamed>,
     /// The output folder, locked for this job's lifetime (declared after `staged`, so a set
     /// abandoned on drop is removed before the lock goes).
     out: OutputDir,
@@ -144,8 +144,6 @@ pub struct Job {
     io_fallback: Option<String>,
     /// What the last device-resident run moved.
     device_io: Option<crate::gpu::resident::DeviceIo>,
-    /// Lines of the class and confidence maps the last run already wrote into `staged`.
-    streamed_lines: usize,
     /// Device memory in use at the last run's peak (a GPU provider's).
     device_peak_bytes: Option<u64>,
 }
@@ -261,7 +259,6 @@ impl Job {
             io_fallback,
             device_io: None,
             device_peak_bytes: None,
-            streamed_lines: 0,
         })
     }
 
@@ -321,17 +318,34 @@ impl Job {
             false => (None, None),
         };
         let (result, staged) = std::thread::scope(|scope| {
-            let headers = scope.spawn(move || -> Result<(Staged, usize), MapError> {
+            let headers = scope.spawn(move || -> Result<Streamed, MapError> {
                 let mut staged = Staged::new(out)?;
                 crate::map::stage_headers(&mut staged, shape, manifest, scene)?;
                 crate::map::reserve_maps(&mut staged, shape, manifest)?;
                 staged.reserve("summary.json")?;
+                let png = |message| MapError::Png {
+                    path: out.path().join("quicklook.png"),
+                    message,
+                };
+                let mut quicklook = match strip_rx {
+                    Some(_) => {
+                        QuicklookStream::new(manifest, shape.lines, shape.samples, staged.run_id()).map_err(png)?
+                    }
+                    None => None,
+                };
                 let mut lines = 0;
                 for (y0, strip) in strip_rx.into_iter().flatten() {
                     crate::map::append_strip(&mut staged, y0, lines, &strip)?;
+                    if let Some(q) = quicklook.as_mut() {
+                        q.push(&strip.class_ids).map_err(png)?;
+                    }
                     lines += strip.lines;
                 }
-                Ok((staged, lines))
+                Ok(Streamed {
+                    staged,
+                    lines,
+                    quicklook,
+                })
             });
             let gpu = &self.runtime.options().gpu;
             let mode = self.run.mode;
@@ -378,9 +392,7 @@ impl Job {
         self.device_peak_bytes = device.map(|d| d.stop());
         let (maps, stats, io) = result?;
         self.device_io = io;
-        let (staged, lines) = staged?;
-        self.staged = Some(staged);
-        self.streamed_lines = lines;
+        self.staged = Some(staged?);
         Ok((maps, stats))
     }
 
@@ -422,16 +434,17 @@ impl Job {
     pub fn write(&mut self, maps: &Maps, stats: &RunStats) -> Result<Summary, JobError> {
         let t0 = Instant::now();
         let accuracy = self.labels.as_ref().map(|l| accuracy(maps, l));
-        let streamed = std::mem::take(&mut self.streamed_lines);
-        let (mut staged, from_line) = match self.staged.take() {
-            Some(s) if s.dir() == self.spec.out && MapShape::of(maps) == self.map_shape() => (s, streamed),
+        let (mut staged, from_line, quicklook) = match self.staged.take() {
+            Some(s) if s.staged.dir() == self.spec.out && MapShape::of(maps) == self.map_shape() => {
+                (s.staged, s.lines, s.quicklook)
+            }
             _ => {
                 let mut s = Staged::new(&self.out)?;
                 crate::map::stage_headers(&mut s, MapShape::of(maps), &self.manifest, self.cube.header())?;
-                (s, 0)
+                (s, 0, None)
             }
         };
-        let written = crate::map::stage_maps(&mut staged, maps, &self.manifest, from_line)?;
+        let written = crate::map::stage_maps(&mut staged, maps, &self.manifest, from_line, quicklook)?;
         let mut summary = Summary {
             run_id: staged.run_id().to_string(),
             scene: self.cube.header_path().to_path_buf(),
@@ -483,6 +496,15 @@ impl Job {
         self.unlinking = retired.remove_in_background();
         Ok(summary)
     }
+}
+
+/// The output set a run staged while it ran: headers, and on the device path the maps' first
+/// `lines` lines, with the quick-look encoded that far.
+#[derive(Debug)]
+struct Streamed {
+    staged: Staged,
+    lines: usize,
+    quicklook: Option<QuicklookStream>,
 }
 
 /// The process's peak resident set (`VmHWM`), 0 where `/proc` is unavailable.

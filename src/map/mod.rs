@@ -73,7 +73,7 @@ mod segment;
 mod set;
 
 pub use lock::{Contention, LOCK_NAME, OutputDir};
-pub use quicklook::quicklook_png;
+pub use quicklook::{QuicklookStream, quicklook_png};
 pub use segment::{SegmentOptions, SegmentRecord, SegmentWriter, shift_map_info};
 pub use set::{CURRENT, Retired, SET_PREFIX, Staged, check_inputs_spared};
 
@@ -254,19 +254,26 @@ pub fn append_strip(staged: &mut Staged, y0: usize, done: usize, strip: &Maps) -
 /// Stages the data of a run's maps (class and confidence maps for classification, the abundance
 /// or score map when kept) and the quick-look; their headers come from [`stage_headers`].
 /// The class and confidence maps' first `from_line` lines are already in their files
-/// ([`append_strip`]).
+/// ([`append_strip`]), and in `quicklook` when it is given.
 pub fn stage_maps(
     staged: &mut Staged,
     maps: &Maps,
     manifest: &Manifest,
     from_line: usize,
+    quicklook: Option<QuicklookStream>,
 ) -> Result<Written, MapError> {
     let mut w = Written::default();
     let from = from_line.min(maps.lines) * maps.samples;
     let run_id = staged.run_id().to_string();
     // The quick-look is encoded on its own thread while the maps are written.
     std::thread::scope(|scope| -> Result<(), MapError> {
-        let png = scope.spawn(|| quicklook_png(maps, manifest, &run_id));
+        let png = scope.spawn(|| match quicklook {
+            Some(mut q) => {
+                q.push(&maps.class_ids[q.lines().min(maps.lines) * maps.samples..])?;
+                q.finish()
+            }
+            None => quicklook_png(maps, manifest, &run_id),
+        });
         if manifest.task == Task::Classification {
             w.class_map = Some(staged.add("class_map.img", &maps.class_ids[from..])?);
             w.confidence_map = Some(staged.add("confidence.img", &encode_f32(&maps.confidence[from..]))?);
@@ -294,9 +301,10 @@ mod tests {
 
     #[test]
     fn maps_written_as_strips_then_the_rest_are_the_maps_written_whole() {
-        let manifest =
-            Manifest::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/hybridsn_salinas_a/manifest.json"))
-                .unwrap();
+        let manifest = Manifest::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/hybridsn_salinas_a/manifest.json"),
+        )
+        .unwrap();
         let (lines, samples) = (7, 5);
         let ids: Vec<u8> = manifest.outputs.iter().map(|o| o.id as u8).collect();
         let maps = Maps {
@@ -326,7 +334,7 @@ mod tests {
             }
             // A strip that does not start where the last ended is refused.
             assert!(append_strip(&mut staged, done + 1, done, &strip(done, done + 1)).is_err());
-            stage_maps(&mut staged, &maps, &manifest, done).unwrap();
+            stage_maps(&mut staged, &maps, &manifest, done, None).unwrap();
             drop(staged.commit().unwrap());
             ["class_map.img", "confidence.img"].map(|n| std::fs::read(out.path().join(n)).unwrap())
         };
