@@ -79,11 +79,11 @@ impl Resident {
                 let _ = back_tx.send((vec![0; m], vec![0.0; m]));
             }
             let stitcher = sc.spawn(move || {
+                // Every job sent is applied: the run's end may drop the buffers' way back while
+                // the last jobs are still queued here.
                 for job in job_rx {
                     canvas.apply(&job);
-                    if back_tx.send((job.cls, job.conf)).is_err() {
-                        break;
-                    }
+                    let _ = back_tx.send((job.cls, job.conf));
                 }
             });
             let mut out = Out {
