@@ -78,14 +78,7 @@ impl Resident {
             for _ in 0..2 {
                 let _ = back_tx.send((vec![0; m], vec![0.0; m]));
             }
-            let stitcher = sc.spawn(move || {
-                // Every job sent is applied: the run's end may drop the buffers' way back while
-                // the last jobs are still queued here.
-                for job in job_rx {
-                    canvas.apply(&job);
-                    let _ = back_tx.send((job.cls, job.conf));
-                }
-            });
+            let stitcher = sc.spawn(move || canvas.stitch_all(job_rx, back_tx));
             let mut out = Out {
                 stitch: Stitcher { jobs, back },
                 stats: &mut stats,

@@ -75,6 +75,16 @@ impl<'a> Canvas<'a> {
         }
     }
 
+    /// Applies every job `jobs` brings, handing each job's buffers back, until the run closes
+    /// it. Every job sent is applied: the run's end may drop the buffers' way back while its
+    /// last jobs are still queued here.
+    pub fn stitch_all(mut self, jobs: Receiver<Stitch>, back: SyncSender<(Vec<u32>, Vec<f32>)>) {
+        for job in jobs {
+            self.apply(&job);
+            let _ = back.send((job.cls, job.conf));
+        }
+    }
+
     pub fn apply(&mut self, job: &Stitch) {
         match &job.place {
             Place::Tiles(tiles) => {
@@ -288,5 +298,30 @@ mod tests {
         }
         assert_eq!(written.iter().map(|&c| usize::from(c)).sum::<usize>(), 3 * 7);
         assert_eq!(rx.try_iter().map(|(y0, s)| (y0, s.lines)).collect::<Vec<_>>(), [(0, 3)]);
+    }
+
+    #[test]
+    fn every_job_sent_is_applied_after_the_way_back_is_closed() {
+        let grid = TileGrid::new(4, 4, 2, 0);
+        let mut m = maps(4, 4);
+        let mut written = vec![0u8; 16];
+        let canvas = Canvas::new(&mut m, &mut written, vec![10, 20, 30], &grid, 4, None);
+        let (jobs, job_rx) = std::sync::mpsc::sync_channel::<Stitch>(4);
+        let (back_tx, back) = std::sync::mpsc::sync_channel(1);
+        for r in 0..grid.rows {
+            for c in 0..grid.cols {
+                jobs.send(Stitch {
+                    cls: vec![1; 4],
+                    conf: vec![0.5; 4],
+                    place: Place::Tiles(vec![grid.rect(r, c)]),
+                })
+                .unwrap();
+            }
+        }
+        // The run has ended: nothing takes buffers back any more.
+        drop((jobs, back));
+        canvas.stitch_all(job_rx, back_tx);
+        assert!(written.iter().all(|&c| c == 1));
+        assert!(m.class_ids.iter().all(|&c| c == 20));
     }
 }
