@@ -60,7 +60,7 @@ impl Resident {
         io.gather_threads = self.gather_threads;
         let mapped = self.choose_upload(cube, &mut io)?;
         let m = self.bucket * self.pixels_per_unit;
-        let mut canvas = Canvas::new(
+        let canvas = Canvas::new(
             &mut maps,
             &mut written,
             self.ids.clone(),
