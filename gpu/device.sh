@@ -373,7 +373,7 @@ case $what in
   rest) sweeps; pytorch ;;
   fix) fix ;;
   mapped) mapped; DEADLINE_S=$((SECONDS + 90)) pytorch ;;
-  queued) queued; DEADLINE_S=$((SECONDS + 75)) pytorch ;;
+  queued) queued; DEADLINE_S=$((SECONDS + 60)) pytorch ;;
   memory) $B simulate --model "$M" --out /tmp/sim --lines 1024 --samples 1024 > /dev/null; memory 8192 2048 ;;
   *) bandwidth; ours; governor; pytorch_ours; sweeps; pytorch ;;
 esac
