@@ -374,6 +374,9 @@ case $what in
   fix) fix ;;
   mapped) mapped; DEADLINE_S=$((SECONDS + 90)) pytorch ;;
   queued) queued; DEADLINE_S=$((SECONDS + 60)) pytorch ;;
+  # The same after a first queued call on an H200 (which had PyTorch): PyTorch again only on
+  # another card.
+  queued-again) queued; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || DEADLINE_S=$((SECONDS + 60)) pytorch ;;
   memory) $B simulate --model "$M" --out /tmp/sim --lines 1024 --samples 1024 > /dev/null; memory 8192 2048 ;;
   *) bandwidth; ours; governor; pytorch_ours; sweeps; pytorch ;;
 esac
