@@ -338,6 +338,35 @@ for b in 2 4; do SCENE=/tmp/sim2k/scene.hdr big 2k_i16_fp16_b$b --io device --pr
 patchbig fp32 --io device --batch 1024
 }
 
+# `queued-slim`: the checks and benches of `queued` that a call with little device time left
+# needs (the patch bench and PyTorch were measured by a first `queued` call).
+queued_slim() {
+step device; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$R/device.csv"
+step kernels; $B gpu check > "$R/check.json"; echo "rc=$?"; grep -c '"pass": true' "$R/check.json"
+step queued-labels
+for v in dense:fp32 dense:graph patch:fp32; do
+  mode=${v%%:*}; p=${v#*:}
+  case $p in graph) extra="--cuda-graph";; *) extra="--precision $p";; esac
+  $B classify "$S" --model "$M" --out /tmp/o/cpu-$mode --mode $mode --batch 64 --json > "$R/classify_cpu_$mode.json"
+  timeout 60 $B classify "$S" --model "$M" --out /tmp/o/cuda-$mode-$p --mode $mode --batch 64 --ep cuda --io device $extra \
+    --json > "$R/classify_cuda_${mode}_$p.json" 2> "$R/classify_cuda_${mode}_$p.err"; echo "classify $mode $p rc=$?"; tail -1 "$R/classify_cuda_${mode}_$p.err"
+  python3 -c "import sys; a=open(sys.argv[1],'rb').read(); b=open(sys.argv[2],'rb').read(); print(sys.argv[3], 'agreement', sum(x==y for x,y in zip(a,b))/len(a))" \
+    /tmp/o/cpu-$mode/class_map.img /tmp/o/cuda-$mode-$p/class_map.img "$mode $p" 2>&1 | tee -a "$R/queued_agreement.txt"
+done
+$B simulate --model "$M" --out /tmp/sim16 --lines 1024 --samples 1024 --int16 > /dev/null; echo "simulate int16 rc=$?"
+$B simulate --model "$M" --out /tmp/sim2k --lines 2048 --samples 2048 --int16 > /dev/null; echo "simulate 2048 int16 rc=$?"
+for v in fp32 graph; do
+  case $v in graph) extra="--cuda-graph";; *) extra="";; esac
+  timeout 60 $B classify /tmp/sim16/scene.hdr --model "$M" --out /tmp/o/sim16-$v --mode dense --tile 256 --batch 4 --ep cuda --io device $extra --json > "$R/classify_sim16_$v.json" 2> "$R/classify_sim16_$v.err"; echo "sim16 dense $v rc=$?"; tail -1 "$R/classify_sim16_$v.err"
+done
+cmp /tmp/o/sim16-fp32/class_map.img /tmp/o/sim16-graph/class_map.img && cmp /tmp/o/sim16-fp32/confidence.img /tmp/o/sim16-graph/confidence.img \
+  && echo "sim16 dense: queued runs and CUDA graph runs give identical class and confidence maps" | tee -a "$R/queued_agreement.txt"
+step queued-bench
+for b in 2 4; do SCENE=/tmp/sim16/scene.hdr big i16_fp16_b$b --io device --precision fp16 --dense-batch $b; done
+SCENE=/tmp/sim16/scene.hdr big i16_fp32_b4 --io device --dense-batch 4
+SCENE=/tmp/sim2k/scene.hdr big 2k_i16_fp16_b2 --io device --precision fp16 --dense-batch 2
+}
+
 sweeps() {
 step sweep
 for mode in patch dense; do
@@ -376,6 +405,7 @@ case $what in
   queued) queued; DEADLINE_S=$((SECONDS + 60)) pytorch ;;
   # The same after a first queued call on an H200 (which had PyTorch): PyTorch again only on
   # another card.
+  queued-slim) queued_slim ;;
   queued-again) queued; nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || DEADLINE_S=$((SECONDS + 60)) pytorch ;;
   memory) $B simulate --model "$M" --out /tmp/sim --lines 1024 --samples 1024 > /dev/null; memory 8192 2048 ;;
   *) bandwidth; ours; governor; pytorch_ours; sweeps; pytorch ;;
