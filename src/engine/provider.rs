@@ -280,8 +280,8 @@ pub struct GpuOptions {
     pub compute_stream: Option<ComputeStream>,
 }
 
-/// A CUDA stream handle (`CUstream`) that lives as long as the process, made only by
-/// [`crate::gpu::session_stream`]: a session given it can never outlive it.
+/// A CUDA stream handle (`CUstream`). The job takes it from [`crate::gpu::compute_stream`], a
+/// stream kept for the life of the process, so a session given it can never outlive it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ComputeStream(pub(crate) usize);
 

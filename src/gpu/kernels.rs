@@ -437,7 +437,8 @@ impl Kernels {
     ///
     /// # Safety
     /// `scores` must point to at least `n * k * pixels` float32 values of device memory of this
-    /// context, written before this stream runs the kernel (the session's run has returned).
+    /// context, written before this stream runs the kernel (the session's run is queued before it
+    /// on this stream, or has finished).
     pub unsafe fn argmax_from(
         &self,
         scores: u64,

@@ -47,7 +47,7 @@ pub(super) fn choose(
 /// waiting. `None` where the device path is not asked for, with CUDA graphs (captured on the
 /// provider's own stream), or where no stream can be made (then the session keeps its own, and
 /// the device path, if it starts at all, waits for each run).
-pub(super) fn session_stream(engine: &EngineOptions) -> Option<ComputeStream> {
+pub(super) fn provider_stream(engine: &EngineOptions) -> Option<ComputeStream> {
     let gpu = &engine.gpu;
     if engine.providers.first() != Provider::Cuda || gpu.io == IoPath::Host || gpu.cuda_graph {
         return None;
@@ -55,12 +55,12 @@ pub(super) fn session_stream(engine: &EngineOptions) -> Option<ComputeStream> {
     crate::gpu::compute_stream(gpu.device_id as usize).ok()
 }
 
-/// Runs the scene on the device path, each finished tile row to `strips`. A first batch the provider's arena cannot hold (the plan's
-/// device line counted less than the provider asked for, such as a convolution's workspace) does
-/// not end the run: the buffers and the session (`fresh` opens another, with an empty arena) are
+/// Runs the scene on the device path, each finished tile row to `strips`. A first batch the
+/// provider's arena cannot hold (the plan's device line counted less than the provider asked
+/// for, such as a convolution's workspace) does not end the run: the buffers and the session (`fresh` opens another, with an empty arena) are
 /// released, the scene starts again at the next smaller bucket, and the cut is recorded in
-/// `changes`, with a warning. Once a batch has completed, an error ends the run (the governor
-/// cuts batches between them).
+/// `changes`, with a warning. Once a batch's labels have come back (and with them, perhaps, a
+/// strip in `strips`), an error ends the run (the governor cuts batches between them).
 #[allow(clippy::too_many_arguments)]
 pub(super) fn run(
     slot: &mut Option<Resident>,

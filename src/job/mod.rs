@@ -131,7 +131,8 @@ pub struct Job {
     pub buffers: pipeline::BufferPool,
     /// The reference label map (`--labels`), opened and checked when the job is resolved.
     labels: Option<Cube>,
-    /// The output set of the last run, its headers staged while it ran.
+    /// The output set of the last run, its headers staged while it ran (and on the device path
+    /// the rows it finished).
     staged: Option<Streamed>,
     /// The output folder, locked for this job's lifetime (declared after `staged`, so a set
     /// abandoned on drop is removed before the lock goes).
@@ -208,7 +209,7 @@ impl Job {
         // ask the allocator for it up front).
         run.batch = run.batch.min(pipeline::units(&cube, &manifest, &run).max(1));
         let mut engine = gpu_bounded(&spec.engine, &spec.budget);
-        engine.gpu.compute_stream = device::session_stream(&engine);
+        engine.gpu.compute_stream = device::provider_stream(&engine);
         let runtime = Runtime::new(engine)?;
         gpu_batch_fits(&runtime, run.batch, "--batch")?;
         let mut graph = open_graph(&runtime, &manifest, mode)?;
@@ -262,7 +263,9 @@ impl Job {
         })
     }
 
-    /// Runs the pipeline; `progress` gets each batch's record.
+    /// Runs the pipeline; `progress` gets each batch's record. The output set is staged while it
+    /// runs: its headers, and on the device path every tile row as it is finished; [`Job::write`]
+    /// finishes it.
     pub fn infer(&mut self, progress: &mut dyn FnMut(&pipeline::BatchDone)) -> Result<(Maps, RunStats), JobError> {
         let mut governor = match (&self.plan, self.spec.budget.adapt) {
             (Some(auto), true) => Some(BudgetGovernor::new(

@@ -34,7 +34,7 @@ pub struct Bound {
 impl Bound {
     /// Allocates and binds `units` units: `in_unit` / `out_unit` are one unit's shape after the
     /// batch dimension. The input is zeroed on `stream` (the kernels' stream, which writes it
-    /// next), so padded units of a partial batch are defined.
+    /// next), so padded units of a partial batch are defined; the stream is synchronised.
     pub fn new(
         graph: &mut Graph,
         allocator: &Allocator,
@@ -53,10 +53,15 @@ impl Bound {
         stream.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))?;
         // SAFETY: `in_ptr` is the input tensor's device allocation of `in_floats` float32 values
         // in this device's primary context (the CUDA provider's allocator), the context of
-        // `stream`; the tensor outlives the memset, which is ordered before every later use of
-        // the input on `stream`.
-        unsafe { cudarc::driver::result::memset_d8_async(in_ptr, 0, in_floats * 4, stream.cu_stream()) }
-            .map_err(driver("cuMemsetD8Async"))?;
+        // `stream`; the memset has finished before the tensor can be released (synchronised
+        // below, also when it failed).
+        let zeroed = unsafe { cudarc::driver::result::memset_d8_async(in_ptr, 0, in_floats * 4, stream.cu_stream()) }
+            .map_err(driver("cuMemsetD8Async"));
+        // Binding is rare (the start, a governor's cut): waiting here keeps every error return
+        // below free of queued work on the tensor.
+        let synced = stream.synchronize().map_err(driver("cuStreamSynchronize"));
+        zeroed?;
+        synced?;
         let (input_name, output_name) = (graph.input().name.clone(), graph.output().name.clone());
         let mut binding = graph.session_mut().create_binding().map_err(ort("CreateIoBinding"))?;
         binding.bind_input(input_name, &input).map_err(ort("BindInput"))?;

@@ -176,7 +176,8 @@ pub struct Resident {
     pool: Vec<Vec<PinnedHostSlice<u8>>>,
     /// The raw windows on the device: one pair being preprocessed, one being uploaded.
     d_raw: [CudaSlice<u8>; 2],
-    /// The stream the uploads run on, beside the kernels' stream and the session's.
+    /// The stream the uploads run on, beside the kernels' stream (which the session shares when
+    /// its runs are queued).
     up: Arc<CudaStream>,
     d_window: CudaSlice<f32>,
     d_mean: CudaSlice<f32>,
@@ -215,7 +216,8 @@ impl std::fmt::Debug for Resident {
 impl Resident {
     /// Allocates the device buffers of a run of `graph` over `cube` at `opts` (tile, batch, mode)
     /// on CUDA device `device_id`, and binds the session's input and output to them. `cuda_graph`
-    /// says whether the session was built to capture CUDA graphs (recorded only).
+    /// says whether the session was built to capture CUDA graphs: its runs then wait, as they do
+    /// when the session was not given the kernels' stream.
     pub fn new(
         cube: &Cube,
         manifest: &Manifest,
@@ -410,8 +412,9 @@ impl Resident {
 /// Pinned host memory for `len` values that the device writes before the host reads them.
 fn pinned<T: cudarc::driver::DeviceRepr>(k: &Kernels, len: usize) -> Result<PinnedHostSlice<T>, ResidentError> {
     // SAFETY: the buffer's values are read only after a copy from the device wrote them (the
-    // label copy of each run covers the part read back).
-    Ok(unsafe { k.context().alloc_pinned::<T>(len) }.map_err(driver("cuMemHostAlloc"))?)
+    // label copy of each run covers the part read back). Cacheable (flags 0), not
+    // write-combined: the host reads every batch's labels out of it.
+    Ok(unsafe { k.context().alloc_pinned_with_flags::<T>(len, 0) }.map_err(driver("cuMemHostAlloc"))?)
 }
 
 /// Turns ONNX Runtime's error in `call` on `graph`'s session into [`ResidentError::Ort`].

@@ -54,7 +54,7 @@ impl Resident {
         let time = if self.queued {
             let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
             let t0 = s.record_event(timed).map_err(driver("cuEventRecord"))?;
-            bound.run(graph, false, true)?;
+            bound.run(graph, self.cuda_graph, true)?;
             RunTime::Device(t0, s.record_event(timed).map_err(driver("cuEventRecord"))?)
         } else {
             s.synchronize().map_err(driver("cuStreamSynchronize"))?;
@@ -160,10 +160,11 @@ impl Resident {
         s.synchronize().map_err(driver("cuStreamSynchronize"))?;
         let bound = self.bound.as_ref().ok_or(ResidentError::Unbound)?;
         let t0 = Instant::now();
-        for _ in 0..runs {
-            bound.run(graph, self.cuda_graph, self.queued)?;
-        }
-        s.synchronize().map_err(driver("cuStreamSynchronize"))?;
+        let ran = (0..runs).try_for_each(|_| bound.run(graph, self.cuda_graph, self.queued).map(drop));
+        // Waited for on an error too: nothing queued outlives the call.
+        let synced = s.synchronize().map_err(driver("cuStreamSynchronize"));
+        ran?;
+        synced?;
         Ok(t0.elapsed())
     }
 }

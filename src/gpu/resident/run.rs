@@ -92,9 +92,9 @@ impl Resident {
                 self.gathered(cube, &batches, graph, &mut out, progress, &mut adapt)
             };
             if ran.is_err() {
-                // Nothing queued may still use the buffers when they are released.
-                let _ = self.k.stream().synchronize();
-                self.pending.clear();
+                // Nothing queued may still use the buffers, or read the scene's mapping, once
+                // the run returns.
+                self.settle();
             }
             let infer = out.infer;
             // Closing the job channel ends the stitcher after the jobs sent.
@@ -234,6 +234,14 @@ impl Resident {
             }
         }
         self.drain(out, progress)
+    }
+
+    /// Waits for everything queued on the kernels' and the upload stream (after an error) and
+    /// forgets the runs in flight.
+    pub(super) fn settle(&mut self) {
+        let _ = self.k.stream().synchronize();
+        let _ = self.up.synchronize();
+        self.pending.clear();
     }
 
     /// Units of the bound shape.

@@ -50,8 +50,10 @@ struct Entry {
     file: std::fs::File,
     /// `None` while reserved and not yet written.
     sync: Option<std::thread::JoinHandle<std::io::Result<()>>>,
-    /// Syncs of what was appended before the file was finished.
-    early: Vec<std::thread::JoinHandle<std::io::Result<()>>>,
+    /// The sync of what was appended before the file was finished (one at a time).
+    early: Option<std::thread::JoinHandle<std::io::Result<()>>>,
+    /// The first error of an earlier such sync.
+    early_error: Option<std::io::Error>,
 }
 
 impl Staged {
@@ -97,15 +99,7 @@ impl Staged {
         };
         step("write a file");
         let e = &mut self.files[at];
-        let written = e
-            .file
-            .write_all(bytes)
-            .and_then(|()| e.file.try_clone())
-            .and_then(|file| {
-                std::thread::Builder::new()
-                    .name("hsiedge-sync".into())
-                    .spawn(move || file.sync_all())
-            });
+        let written = e.file.write_all(bytes).and_then(|()| spawn_sync(&e.file, false));
         match written {
             Ok(sync) => {
                 e.sync = Some(sync);
@@ -141,7 +135,8 @@ impl Staged {
     }
 
     /// Starts syncing what was appended to `name` so far, on its own thread, so the sync when
-    /// the file is finished has only the rest to write; [`Staged::commit`] waits for it.
+    /// the file is finished has only the rest to write; [`Staged::commit`] waits for it. While
+    /// the last such sync still runs, none is started (the final sync covers the data).
     pub fn sync_appended(&mut self, name: &str) -> Result<(), MapError> {
         let path = self.out.path().join(name);
         let Some(e) = self.files.iter_mut().find(|e| e.name == name && e.sync.is_none()) else {
@@ -150,18 +145,20 @@ impl Staged {
                 source: std::io::Error::other("not a file being appended to"),
             });
         };
-        let sync = e.file.try_clone().and_then(|file| {
-            std::thread::Builder::new()
-                .name("hsiedge-sync".into())
-                .spawn(move || file.sync_data())
-        });
-        match sync {
-            Ok(h) => {
-                e.early.push(h);
-                Ok(())
+        match e.early.take() {
+            Some(h) if !h.is_finished() => {
+                e.early = Some(h);
+                return Ok(());
             }
-            Err(source) => Err(MapError::Io { path, source }),
+            Some(h) => {
+                if let Err(err) = joined(h) {
+                    e.early_error.get_or_insert(err);
+                }
+            }
+            None => {}
         }
+        e.early = Some(spawn_sync(&e.file, true).map_err(|source| MapError::Io { path, source })?);
+        Ok(())
     }
 
     /// Makes the file `name` (empty) and returns the path it will have in the output folder;
@@ -189,7 +186,8 @@ impl Staged {
             name: name.to_string(),
             file,
             sync: None,
-            early: Vec::new(),
+            early: None,
+            early_error: None,
         });
         Ok(path)
     }
@@ -206,17 +204,13 @@ impl Staged {
         };
         let mut failed = None;
         for e in &mut self.files {
-            let early = e.early.drain(..).map(|s| s.join()).collect::<Vec<_>>();
-            let synced = match e.sync.take().map(|s| s.join()) {
-                Some(Ok(r)) => r,
-                Some(Err(_)) => Err(std::io::Error::other("a file sync thread panicked")),
+            let early = e.early.take().map(joined);
+            let synced = match e.sync.take() {
+                Some(s) => joined(s),
                 None => Err(std::io::Error::other("reserved but never written")),
             }
-            .and_then(|()| {
-                early
-                    .into_iter()
-                    .try_for_each(|r| r.unwrap_or_else(|_| Err(std::io::Error::other("a file sync thread panicked"))))
-            });
+            .and_then(|()| early.unwrap_or(Ok(())))
+            .and_then(|()| e.early_error.take().map_or(Ok(()), Err));
             if let Err(source) = synced {
                 failed.get_or_insert(MapError::Io {
                     path: out.join(&e.name),
@@ -291,7 +285,7 @@ impl Drop for Staged {
         }
         // Not committed: the set in force stays, and nothing of this one is left.
         for e in &mut self.files {
-            for s in e.early.drain(..).chain(e.sync.take()) {
+            for s in e.early.take().into_iter().chain(e.sync.take()) {
                 let _ = s.join();
             }
         }
@@ -300,6 +294,20 @@ impl Drop for Staged {
         }
         let _ = std::fs::remove_dir_all(&self.set);
     }
+}
+
+/// Syncs `file` (its data only, or all of it) on a thread of its own.
+fn spawn_sync(file: &std::fs::File, data_only: bool) -> std::io::Result<std::thread::JoinHandle<std::io::Result<()>>> {
+    let file = file.try_clone()?;
+    std::thread::Builder::new()
+        .name("hsiedge-sync".into())
+        .spawn(move || if data_only { file.sync_data() } else { file.sync_all() })
+}
+
+/// A sync thread's result.
+fn joined(h: std::thread::JoinHandle<std::io::Result<()>>) -> std::io::Result<()> {
+    h.join()
+        .unwrap_or_else(|_| Err(std::io::Error::other("a file sync thread panicked")))
 }
 
 /// The set a commit replaced; dropping removes it.

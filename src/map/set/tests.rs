@@ -205,3 +205,20 @@ fn names_that_would_escape_or_shadow_the_set_are_refused() {
         assert!(s.reserve(bad).is_err(), "{bad:?}");
     }
 }
+
+#[test]
+fn appended_bytes_synced_early_and_finished_commit_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = lock(&dir.path().join("out"));
+    let mut s = Staged::new(&out).unwrap();
+    s.reserve("a.img").unwrap();
+    for part in [&b"ab"[..], b"cd", b"ef"] {
+        s.append("a.img", part).unwrap();
+        s.sync_appended("a.img").unwrap();
+    }
+    let p = s.add("a.img", b"g").unwrap();
+    // Only a file still being appended to can be synced early.
+    assert!(s.sync_appended("a.img").is_err());
+    drop(s.commit().unwrap());
+    assert_eq!(std::fs::read(&p).unwrap(), b"abcdefg");
+}
