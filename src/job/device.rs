@@ -32,7 +32,7 @@ pub(super) fn choose(
         eprintln!("hsiedge: note: host I/O path: the device-resident path {what}");
         Ok((None, Some(what)))
     };
-    if let Some(what) = unsupported(cube, manifest, runtime.provider()) {
+    if let Some(what) = unsupported(cube, manifest, runtime.provider(), run.keep_scores) {
         return refused(what);
     }
     match Resident::new(cube, manifest, graph, run, gpu.device_id, gpu.cuda_graph) {

@@ -123,7 +123,9 @@ pub struct DeviceIo {
 }
 
 /// Why `manifest` over `cube` with `provider` cannot take the device path, or `None` when it can.
-pub fn unsupported(cube: &Cube, manifest: &Manifest, provider: Provider) -> Option<String> {
+/// `keep_scores`: the run was asked for every class's score map, which the device path (labels
+/// and confidence only) does not make.
+pub fn unsupported(cube: &Cube, manifest: &Manifest, provider: Provider, keep_scores: bool) -> Option<String> {
     if provider != Provider::Cuda {
         return Some(format!("needs the cuda provider; the session runs on {provider}"));
     }
@@ -132,6 +134,9 @@ pub fn unsupported(cube: &Cube, manifest: &Manifest, provider: Provider) -> Opti
     }
     if manifest.input.layout == Layout::Nc {
         return Some("needs a spatial input layout (n1chw or nchw), not nc".into());
+    }
+    if keep_scores {
+        return Some("makes labels and confidence only; --keep-scores needs every class's scores".into());
     }
     let dt = cube.header().data_type;
     if !matches!(dt, DataType::I16 | DataType::U16 | DataType::F32) {
@@ -226,7 +231,7 @@ impl Resident {
         device_id: u32,
         cuda_graph: bool,
     ) -> Result<Self, ResidentError> {
-        if let Some(what) = unsupported(cube, manifest, graph.provider()) {
+        if let Some(what) = unsupported(cube, manifest, graph.provider(), opts.keep_scores) {
             return Err(ResidentError::Unsupported { what });
         }
         let grid = crate::pipeline::grid_for(cube, manifest, opts);
@@ -424,5 +429,29 @@ fn ort_error(graph: &std::path::Path, call: &'static str) -> impl FnOnce(ort::Er
         graph,
         call,
         message: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cube::Header;
+
+    #[test]
+    fn the_device_path_is_refused_where_it_would_drop_what_was_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = Header::new(4, 3, 2, DataType::I16, Interleave::Bil);
+        std::fs::write(dir.path().join("s.hdr"), h.to_text()).unwrap();
+        std::fs::write(dir.path().join("s.img"), vec![0u8; 4 * 3 * 2 * 2]).unwrap();
+        let cube = Cube::open(&dir.path().join("s.hdr")).unwrap();
+        let manifest = Manifest::load(
+            &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("models/hybridsn_salinas_a/manifest.json"),
+        )
+        .unwrap();
+        assert_eq!(unsupported(&cube, &manifest, Provider::Cuda, false), None);
+        let scores = unsupported(&cube, &manifest, Provider::Cuda, true).unwrap();
+        assert!(scores.contains("--keep-scores"), "{scores}");
+        let cpu = unsupported(&cube, &manifest, Provider::Cpu, true).unwrap();
+        assert!(cpu.contains("needs the cuda provider"), "{cpu}");
     }
 }
