@@ -331,20 +331,25 @@ mod tests {
         Manifest::parse(text, Path::new("m.json")).unwrap()
     }
 
+    /// Class maps of `manifest()`'s two classes.
+    fn class_maps(lines: usize, samples: usize, class_ids: &[u8]) -> Maps {
+        Maps {
+            lines,
+            samples,
+            channels: 2,
+            class_ids: class_ids.to_vec(),
+            confidence: vec![1.0; lines * samples],
+            scores: None,
+            nonfinite_pixels: 0,
+        }
+    }
+
     #[test]
     fn the_quicklook_shows_each_pixel_in_its_class_colour_and_a_legend() {
         let m = manifest();
         let (lines, samples) = (5, 7);
         let class_ids: Vec<u8> = (0..lines * samples).map(|i| [3, 9, 0][i % 3]).collect();
-        let maps = Maps {
-            lines,
-            samples,
-            channels: 2,
-            class_ids: class_ids.clone(),
-            confidence: vec![1.0; lines * samples],
-            scores: None,
-            nonfinite_pixels: 0,
-        };
+        let maps = class_maps(lines, samples, &class_ids);
         let png = quicklook_png(&maps, &m, "run-7").unwrap();
         let mut dec = png::Decoder::new(std::io::Cursor::new(png));
         dec.set_transformations(png::Transformations::EXPAND);
@@ -393,15 +398,7 @@ mod tests {
         // Taller than the legend and shorter, scaled 8 and 1.
         for (lines, samples) in [(5, 7), (300, 40)] {
             let class_ids: Vec<u8> = (0..lines * samples).map(|i| [3, 9, 0][(i / 7) % 3]).collect();
-            let maps = Maps {
-                lines,
-                samples,
-                channels: 2,
-                class_ids: class_ids.clone(),
-                confidence: vec![1.0; lines * samples],
-                scores: None,
-                nonfinite_pixels: 0,
-            };
+            let maps = class_maps(lines, samples, &class_ids);
             let whole = decoded(quicklook_png(&maps, &m, "r").unwrap());
             let mut s = QuicklookStream::new(&m, lines, samples, "r").unwrap().unwrap();
             for strip in class_ids.chunks(samples * 2) {
