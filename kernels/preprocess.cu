@@ -24,6 +24,14 @@ __device__ __forceinline__ float swap_bytes<float>(float v) {
     return __int_as_float(__byte_perm(__float_as_int(v), 0, 0x0123));
 }
 
+// Offset of band b, line y, sample x in a block `lines` x `samples` x `bands` stored in `interleave`.
+__device__ __forceinline__ long long raw_index(int interleave, int b, int y, int x, int lines, int samples,
+                                               int bands) {
+    if (interleave == 0) return ((long long)b * lines + y) * samples + x;
+    if (interleave == 1) return ((long long)y * bands + b) * samples + x;
+    return ((long long)y * samples + x) * bands + b;
+}
+
 template <typename T>
 __device__ __forceinline__ void preprocess(const T* raw, int interleave, int swap, int lines, int samples,
                                            int bands, const float* mean, const float* inv_std, float* out) {
@@ -34,15 +42,7 @@ __device__ __forceinline__ void preprocess(const T* raw, int interleave, int swa
     long long t = i / samples;
     int y = (int)(t % lines);
     int b = (int)(t / lines);
-    long long src;
-    if (interleave == 0) {
-        src = ((long long)b * lines + y) * samples + x;
-    } else if (interleave == 1) {
-        src = ((long long)y * bands + b) * samples + x;
-    } else {
-        src = ((long long)y * samples + x) * bands + b;
-    }
-    T v = raw[src];
+    T v = raw[raw_index(interleave, b, y, x, lines, samples, bands)];
     if (swap) v = swap_bytes<T>(v);
     out[i] = ((float)v - mean[b]) * inv_std[b];
 }
@@ -81,15 +81,7 @@ __device__ __forceinline__ void preprocess_box(const T* raw, int interleave, int
     int b = (int)(t / wh);
     int sy = lines[y] - l0;
     int sx = cols[x] - c0;
-    long long src;
-    if (interleave == 0) {
-        src = ((long long)b * box_lines + sy) * box_samples + sx;
-    } else if (interleave == 1) {
-        src = ((long long)sy * bands + b) * box_samples + sx;
-    } else {
-        src = ((long long)sy * box_samples + sx) * bands + b;
-    }
-    T v = raw[src];
+    T v = raw[raw_index(interleave, b, sy, sx, box_lines, box_samples, bands)];
     if (swap) v = swap_bytes<T>(v);
     out[i] = ((float)v - mean[b]) * inv_std[b];
 }
