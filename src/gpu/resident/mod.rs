@@ -120,6 +120,42 @@ pub struct DeviceIo {
     /// Seconds registering the scene's mapping with the device in this run (0 when an earlier
     /// run of the same cube did).
     pub register_s: f64,
+    /// Where the run's time went, when its session runs were queued on the kernels' stream
+    /// (`None` with waiting runs, or when an event could not be read).
+    pub timeline: Option<Timeline>,
+}
+
+/// A queued run's seconds from its start to its maps being complete, in four parts that add up
+/// to the whole: before the first session run starts on the device, the session runs
+/// themselves, the rest of the device's time between the first run's start and the last run's
+/// end, and after the last run's end.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Timeline {
+    /// Start to the first session run's start: setting up, the first batch's upload and
+    /// preprocessing.
+    pub lead_s: f64,
+    /// The session runs' own time on the device.
+    pub runs_s: f64,
+    /// First run's start to last run's end less `runs_s`: the later batches' preprocessing,
+    /// argmax and label copies, and the device idle between runs.
+    pub between_s: f64,
+    /// Last run's end to the maps being complete: the last labels back, stitched and handed on.
+    pub tail_s: f64,
+}
+
+impl Timeline {
+    /// From host and device marks: `origin_s`, host seconds from the run's start to recording
+    /// an event on the idle stream; `to_first_s` and `to_last_s`, device seconds from that event
+    /// to the first run's start and to the last run's end; `runs_s`; and `total_s`, host seconds
+    /// from start to finish.
+    pub fn from_marks(origin_s: f64, to_first_s: f64, to_last_s: f64, runs_s: f64, total_s: f64) -> Self {
+        Self {
+            lead_s: origin_s + to_first_s,
+            runs_s,
+            between_s: to_last_s - to_first_s - runs_s,
+            tail_s: total_s - origin_s - to_last_s,
+        }
+    }
 }
 
 /// Why `manifest` over `cube` with `provider` cannot take the device path, or `None` when it can.
@@ -453,5 +489,18 @@ mod tests {
         assert!(scores.contains("--keep-scores"), "{scores}");
         let cpu = unsupported(&cube, &manifest, Provider::Cpu, true).unwrap();
         assert!(cpu.contains("needs the cuda provider"), "{cpu}");
+    }
+
+    #[test]
+    fn a_timeline_splits_the_whole_run_into_parts_that_add_up() {
+        // Origin recorded 2 ms into the run; first run starts 1 ms later on the device, the last
+        // ends 20 ms after the origin; the runs took 16 ms; the run returned at 25 ms.
+        let t = Timeline::from_marks(0.002, 0.001, 0.020, 0.016, 0.025);
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(t.lead_s, 0.003), "{t:?}");
+        assert!(close(t.runs_s, 0.016), "{t:?}");
+        assert!(close(t.between_s, 0.003), "{t:?}");
+        assert!(close(t.tail_s, 0.003), "{t:?}");
+        assert!(close(t.lead_s + t.runs_s + t.between_s + t.tail_s, 0.025), "{t:?}");
     }
 }

@@ -127,10 +127,12 @@ impl Resident {
                 place: r.place,
             })
             .map_err(|_| ResidentError::Stitcher)?;
-        let ran = match &r.time {
-            RunTime::Host(d) => *d,
+        let ran = match r.time {
+            RunTime::Host(d) => d,
             RunTime::Device(a, b) => {
-                Duration::from_secs_f64(f64::from(a.elapsed_ms(b).map_err(driver("cuEventElapsedTime"))?) / 1e3)
+                let ms = a.elapsed_ms(&b).map_err(driver("cuEventElapsedTime"))?;
+                out.marks.ran(a, b);
+                Duration::from_secs_f64(f64::from(ms) / 1e3)
             }
         };
         out.infer += ran;

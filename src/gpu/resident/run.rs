@@ -4,10 +4,11 @@
 use std::sync::mpsc::sync_channel;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, PinnedHostSlice};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaEvent, DevicePtr, DevicePtrMut, PinnedHostSlice};
 
 use super::stitch::{Canvas, Place, Stitch, Stitcher, StripSender};
-use super::{DeviceIo, Resident, ResidentError, bound, mapped, prefetch};
+use super::{DeviceIo, Resident, ResidentError, Timeline, bound, mapped, prefetch};
 use crate::cube::{Cube, DataType};
 use crate::engine::Graph;
 use crate::gpu::kernels::DeviceSample;
@@ -69,7 +70,15 @@ impl Resident {
             strips,
         );
         self.pending.clear();
-        let ran: Result<Duration, ResidentError> = std::thread::scope(|sc| {
+        let mut marks = Marks::default();
+        if self.queued {
+            // The stream is idle (the last run waited for its last labels), so the event's
+            // device time is the host's time of recording it.
+            let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
+            let origin = self.k.stream().record_event(timed).map_err(driver("cuEventRecord"))?;
+            marks.origin = Some((origin, start.elapsed().as_secs_f64()));
+        }
+        let ran: Result<(Duration, Marks), ResidentError> = std::thread::scope(|sc| {
             // Stitching runs beside the next batch: two label buffers go round between this
             // thread, which fills one, and the stitcher, which empties the other.
             let (jobs, job_rx) = sync_channel::<Stitch>(1);
@@ -85,6 +94,7 @@ impl Resident {
                 io: &mut io,
                 infer: Duration::ZERO,
                 start,
+                marks,
             };
             let ran = if mapped {
                 self.run_batches(&Feed::Mapped, &batches, cube, graph, &mut out, progress, &mut adapt)
@@ -96,16 +106,16 @@ impl Resident {
                 // the run returns.
                 self.settle();
             }
-            let infer = out.infer;
+            let (infer, marks) = (out.infer, out.marks);
             // Closing the job channel ends the stitcher after the jobs sent.
-            drop(out);
+            drop(out.stitch);
             let joined = stitcher.join();
             // The run's own error first: a stitcher that stopped is then only its consequence.
             ran?;
             joined.map_err(|_| ResidentError::Stitcher)?;
-            Ok(infer)
+            Ok((infer, marks))
         });
-        let infer = ran?;
+        let (infer, marks) = ran?;
         if let Some(at) = written.iter().position(|&c| c != 1) {
             let (line, sample) = (at / cube.samples(), at % cube.samples());
             return Err(PipelineError::Coverage {
@@ -119,6 +129,7 @@ impl Resident {
         }
         stats.lines = cube.lines();
         stats.elapsed_s = start.elapsed().as_secs_f64();
+        io.timeline = marks.timeline(infer, stats.elapsed_s);
         stats.inference_s = infer.as_secs_f64();
         io.inference_s = stats.inference_s;
         let px = stats.pixels.max(1) as f64;
@@ -478,4 +489,40 @@ pub(super) struct Out<'a> {
     pub infer: Duration,
     /// When the run started.
     pub start: Instant,
+    /// The device's marks of queued runs, for [`DeviceIo::timeline`].
+    pub marks: Marks,
+}
+
+/// Events on the kernels' stream: one recorded on the idle stream at the run's start (with the
+/// host's seconds since the start then), the first session run's start and the last one's end.
+#[derive(Default)]
+pub(super) struct Marks {
+    pub origin: Option<(CudaEvent, f64)>,
+    pub first: Option<CudaEvent>,
+    pub last: Option<CudaEvent>,
+}
+
+impl Marks {
+    /// Records a queued run's start and end events.
+    pub fn ran(&mut self, start: CudaEvent, end: CudaEvent) {
+        if self.first.is_none() {
+            self.first = Some(start);
+        }
+        self.last = Some(end);
+    }
+
+    /// The timeline of a run that took `runs` in session runs and `total` seconds, or `None`
+    /// without every mark (waiting runs) or when the device cannot say.
+    fn timeline(&self, runs: Duration, total: f64) -> Option<Timeline> {
+        let ((origin, at), first, last) = (self.origin.as_ref()?, self.first.as_ref()?, self.last.as_ref()?);
+        let to_first = origin.elapsed_ms(first).ok()?;
+        let to_last = origin.elapsed_ms(last).ok()?;
+        Some(Timeline::from_marks(
+            *at,
+            f64::from(to_first) / 1e3,
+            f64::from(to_last) / 1e3,
+            runs.as_secs_f64(),
+            total,
+        ))
+    }
 }
