@@ -26,7 +26,8 @@ pub struct CgroupMemory {
     pub cgroup_path: String,
     /// The cgroup's directory under the root.
     pub dir: PathBuf,
-    /// The effective limit: the tightest over the hierarchy; `None` when unlimited.
+    /// The effective limit: the level with the least headroom over the hierarchy (v2: the lower
+    /// of `memory.max` and `memory.high` at each level); `None` when unlimited.
     pub limit_bytes: Option<u64>,
     /// Usage (`memory.usage_in_bytes` / `memory.current`) at the level whose limit binds.
     pub usage_bytes: u64,
@@ -165,8 +166,9 @@ pub fn find_cgroup(root: &Path) -> Result<Option<CgroupMemory>, BudgetError> {
             .iter()
             .find(|m| m.fstype == "cgroup" && m.super_options.split(',').any(|o| o == "memory"))
     {
+        let mount_dir = under(root, &m.mount_point);
         let dir = cgroup_dir(root, m, &path);
-        return read_v1(dir, path);
+        return read_v1(dir, &mount_dir, path);
     }
     if let Some(path) = v2_path
         && let Some(m) = mounts.iter().find(|m| m.fstype == "cgroup2")
@@ -178,39 +180,101 @@ pub fn find_cgroup(root: &Path) -> Result<Option<CgroupMemory>, BudgetError> {
     Ok(None)
 }
 
-fn read_v1(dir: PathBuf, cgroup_path: String) -> Result<Option<CgroupMemory>, BudgetError> {
+fn read_v1(dir: PathBuf, mount_dir: &Path, cgroup_path: String) -> Result<Option<CgroupMemory>, BudgetError> {
     let Some(usage) = read_u64_file(&dir.join("memory.usage_in_bytes"), "memory.usage_in_bytes")? else {
         return Ok(None);
     };
-    let own = read_u64_file(&dir.join("memory.limit_in_bytes"), "memory.limit_in_bytes")?;
     let stat = read_optional(&dir.join("memory.stat"))?.unwrap_or_default();
-    // An ancestor's tighter limit binds too; v1 reports it as hierarchical_memory_limit.
-    let hier = stat_field(&stat, "hierarchical_memory_limit");
-    let limit = [own, hier]
-        .into_iter()
-        .flatten()
-        .filter(|&l| l < CGROUP_V1_UNLIMITED)
-        .min();
     let inactive = stat_field(&stat, "total_inactive_file")
         .or_else(|| stat_field(&stat, "inactive_file"))
         .unwrap_or(0);
     let peak = read_u64_file(&dir.join("memory.max_usage_in_bytes"), "memory.max_usage_in_bytes")?;
+    let limited = |l: Option<u64>| l.filter(|&l| l < CGROUP_V1_UNLIMITED);
+    // Each visible level's limit against that level's own usage: siblings under a limited
+    // parent are charged to it too.
+    let mut tightest = Tightest::new(inactive);
+    for d in levels(&dir, mount_dir) {
+        if let Some(limit) = limited(read_u64_file(
+            &d.join("memory.limit_in_bytes"),
+            "memory.limit_in_bytes",
+        )?) {
+            let used = if d == dir {
+                usage
+            } else {
+                read_u64_file(&d.join("memory.usage_in_bytes"), "memory.usage_in_bytes")?.unwrap_or(usage)
+            };
+            tightest.level(limit, used);
+        }
+    }
+    // An ancestor above the mount (a container's view) shows only as hierarchical_memory_limit;
+    // its usage is not visible, so this cgroup's own stands in for it.
+    if let Some(hier) = limited(stat_field(&stat, "hierarchical_memory_limit"))
+        && tightest.limit().is_none_or(|l| hier < l)
+    {
+        tightest.level(hier, usage);
+    }
+    let (limit, usage_at) = tightest.result(usage);
     Ok(Some(CgroupMemory {
         version: CgroupVersion::V1,
         cgroup_path,
         dir,
         limit_bytes: limit,
-        usage_bytes: usage,
+        usage_bytes: usage_at,
         peak_bytes: peak,
         inactive_file_bytes: inactive,
     }))
 }
 
-/// `memory.max` is a number or `max`.
-fn read_v2_max(path: &Path) -> Result<Option<u64>, BudgetError> {
+/// `dir` and its parents up to and including `mount_dir`.
+fn levels<'a>(dir: &'a Path, mount_dir: &'a Path) -> impl Iterator<Item = &'a Path> {
+    let mut next = Some(dir);
+    std::iter::from_fn(move || {
+        let d = next?;
+        next = if d == mount_dir {
+            None
+        } else {
+            d.parent().filter(|p| p.starts_with(mount_dir))
+        };
+        Some(d)
+    })
+}
+
+/// The level of a cgroup hierarchy with the least headroom: its limit and usage.
+struct Tightest {
+    inactive: u64,
+    best: Option<(u64, u64, u64)>,
+}
+
+impl Tightest {
+    fn new(inactive: u64) -> Self {
+        Self { inactive, best: None }
+    }
+
+    fn level(&mut self, limit: u64, used: u64) {
+        let head = limit.saturating_sub(used.saturating_sub(self.inactive));
+        if self.best.is_none_or(|(h, _, _)| head < h) {
+            self.best = Some((head, limit, used));
+        }
+    }
+
+    fn limit(&self) -> Option<u64> {
+        self.best.map(|(_, l, _)| l)
+    }
+
+    /// The binding limit and the usage at its level, or no limit and `usage`.
+    fn result(&self, usage: u64) -> (Option<u64>, u64) {
+        match self.best {
+            Some((_, l, u)) => (Some(l), u),
+            None => (None, usage),
+        }
+    }
+}
+
+/// `memory.max` or `memory.high`: a number or `max`.
+fn read_v2_max(path: &Path, field: &str) -> Result<Option<u64>, BudgetError> {
     match read_optional(path)? {
         Some(t) if t.trim() == "max" => Ok(None),
-        Some(t) => parse_u64(path, "memory.max", &t).map(Some),
+        Some(t) => parse_u64(path, field, &t).map(Some),
         None => Ok(None),
     }
 }
@@ -224,30 +288,22 @@ fn read_v2(dir: PathBuf, mount_dir: &Path, cgroup_path: String) -> Result<Option
     let peak = read_u64_file(&dir.join("memory.peak"), "memory.peak")?;
 
     // v2 limits are hierarchical but not summarised in one file: walk up to the mount point and
-    // keep the level with the least headroom.
-    let mut best: Option<(u64, u64, u64)> = None; // (headroom, limit, usage)
-    let mut level = Some(dir.as_path());
-    while let Some(d) = level {
-        if let Some(limit) = read_v2_max(&d.join("memory.max"))? {
+    // keep the level with the least headroom. Above `memory.high` the kernel throttles and
+    // reclaims on every charge, so it is as much a wall for a batch as `memory.max`.
+    let mut tightest = Tightest::new(inactive);
+    for d in levels(&dir, mount_dir) {
+        let max = read_v2_max(&d.join("memory.max"), "memory.max")?;
+        let high = read_v2_max(&d.join("memory.high"), "memory.high")?;
+        if let Some(limit) = [max, high].into_iter().flatten().min() {
             let used = if d == dir {
                 usage
             } else {
                 read_u64_file(&d.join("memory.current"), "memory.current")?.unwrap_or(usage)
             };
-            let head = limit.saturating_sub(used.saturating_sub(inactive));
-            if best.is_none_or(|(h, _, _)| head < h) {
-                best = Some((head, limit, used));
-            }
+            tightest.level(limit, used);
         }
-        if d == mount_dir {
-            break;
-        }
-        level = d.parent().filter(|p| p.starts_with(mount_dir));
     }
-    let (limit, usage_at) = match best {
-        Some((_, l, u)) => (Some(l), u),
-        None => (None, usage),
-    };
+    let (limit, usage_at) = tightest.result(usage);
     Ok(Some(CgroupMemory {
         version: CgroupVersion::V2,
         cgroup_path,

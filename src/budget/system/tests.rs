@@ -131,6 +131,75 @@ fn cgroup_v2_parent_limit_binds() {
 }
 
 #[test]
+fn cgroup_v1_limited_parent_counts_its_siblings() {
+    let d = tempfile::tempdir().unwrap();
+    let r = d.path();
+    write(r, "proc/self/cgroup", "9:memory:/hsiedge/run\n");
+    write(
+        r,
+        "proc/self/mountinfo",
+        "30 25 0:26 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n",
+    );
+    let leaf = "sys/fs/cgroup/memory/hsiedge/run";
+    write(r, &format!("{leaf}/memory.limit_in_bytes"), "9223372036854771712\n");
+    write(r, &format!("{leaf}/memory.usage_in_bytes"), &format!("{}\n", 100 * MIB));
+    write(
+        r,
+        &format!("{leaf}/memory.stat"),
+        &format!("hierarchical_memory_limit {}\ntotal_inactive_file 0\n", 1024 * MIB),
+    );
+    // The parent holds this cgroup and siblings that use 800 MiB more.
+    write(
+        r,
+        "sys/fs/cgroup/memory/hsiedge/memory.limit_in_bytes",
+        &format!("{}\n", 1024 * MIB),
+    );
+    write(
+        r,
+        "sys/fs/cgroup/memory/hsiedge/memory.usage_in_bytes",
+        &format!("{}\n", 900 * MIB),
+    );
+    write(r, "sys/fs/cgroup/memory/memory.limit_in_bytes", "9223372036854771712\n");
+    write(
+        r,
+        "sys/fs/cgroup/memory/memory.usage_in_bytes",
+        &format!("{}\n", 4096 * MIB),
+    );
+    let cg = find_cgroup(r).unwrap().unwrap();
+    assert_eq!(cg.limit_bytes, Some(1024 * MIB));
+    assert_eq!(cg.usage_bytes, 900 * MIB);
+    assert_eq!(cg.headroom_bytes(), Some(124 * MIB));
+}
+
+#[test]
+fn cgroup_v2_memory_high_below_max_binds() {
+    let d = tempfile::tempdir().unwrap();
+    let r = d.path();
+    write(r, "proc/self/cgroup", "0::/app.slice/run.service\n");
+    write(
+        r,
+        "proc/self/mountinfo",
+        "35 24 0:30 / /sys/fs/cgroup rw,nosuid shared:9 - cgroup2 cgroup2 rw,nsdelegate\n",
+    );
+    let leaf = "sys/fs/cgroup/app.slice/run.service";
+    write(r, &format!("{leaf}/memory.max"), &format!("{}\n", 1024 * MIB));
+    write(r, &format!("{leaf}/memory.high"), &format!("{}\n", 512 * MIB));
+    write(r, &format!("{leaf}/memory.current"), &format!("{}\n", 100 * MIB));
+    write(r, &format!("{leaf}/memory.stat"), "inactive_file 0\n");
+    let cg = find_cgroup(r).unwrap().unwrap();
+    assert_eq!(cg.limit_bytes, Some(512 * MIB));
+    assert_eq!(cg.headroom_bytes(), Some(412 * MIB));
+    // `max` in memory.high leaves memory.max.
+    write(r, &format!("{leaf}/memory.high"), "max\n");
+    assert_eq!(find_cgroup(r).unwrap().unwrap().limit_bytes, Some(1024 * MIB));
+    write(r, &format!("{leaf}/memory.high"), "lots\n");
+    assert!(matches!(
+        find_cgroup(r),
+        Err(BudgetError::BadValue { ref field, .. }) if field == "memory.high"
+    ));
+}
+
+#[test]
 fn no_cgroup_files_is_none() {
     let d = tempfile::tempdir().unwrap();
     assert_eq!(find_cgroup(d.path()).unwrap(), None);
