@@ -167,7 +167,7 @@ pub fn auto_batch(
             && device_room.is_none_or(|room| prior.per_unit_bytes.saturating_mul(8 * b) <= room)
             && (gpu.is_none() || b <= budget::choose::GPU_MAX_BATCH)
     };
-    let sizes = probe_sizes(unit, sample_sizes, device_room.is_some(), fits);
+    let sizes = probe_sizes(unit, sample_sizes, scene_units, device_room.is_some(), fits);
     // A discrete GPU's per-pixel model gets device-sized probes (an integrated GPU's memory is the
     // host's, which the calibration probes already measure).
     let device_sizes = match (device_room, unit) {
@@ -429,15 +429,28 @@ pub fn auto_batch(
 }
 
 /// The calibration probes' batch sizes: a per-pixel model's `sample_sizes`, or 1, 4 and 8 tiles,
-/// each kept only where it `fits` by the calibration margin. On a discrete GPU (`on_device`),
+/// each kept only where it `fits` by the calibration margin, and none above the scene's units. On a discrete GPU (`on_device`),
 /// where 4 tiles do not fit (a small arena bound), 1 and 2 still give the device line; on the
 /// host, a budget that tight keeps the graph's prior instead.
-fn probe_sizes(unit: Unit, sample_sizes: Vec<u64>, on_device: bool, fits: impl Fn(u64) -> bool) -> Vec<u64> {
-    match unit {
+fn probe_sizes(
+    unit: Unit,
+    sample_sizes: Vec<u64>,
+    scene_units: u64,
+    on_device: bool,
+    fits: impl Fn(u64) -> bool,
+) -> Vec<u64> {
+    let mut v: Vec<u64> = match unit {
         Unit::Sample => sample_sizes.into_iter().filter(|&b| fits(b)).collect(),
         Unit::Tile if on_device && !fits(4) => [1u64, 2].into_iter().filter(|&b| fits(b)).collect(),
         Unit::Tile => [1u64, 4, 8].into_iter().filter(|&b| fits(b)).collect(),
+    };
+    // A probe larger than the scene runs at the scene's size, so it is asked at that size: fitted
+    // at a size it did not run, it would flatten the line.
+    for b in &mut v {
+        *b = (*b).min(scene_units.max(1));
     }
+    v.dedup();
+    v
 }
 
 /// A per-pixel model's device-memory probes. Sized for the host's allocator noise, its
@@ -588,17 +601,25 @@ mod tests {
         // Salinas-A's dense twin, 256-pixel tiles of a float32 scene: 69.8 MB a tile by the graph.
         let prior = 69_832_704u64;
         let fits = |room: u64| move |b: u64| prior * 8 * b <= room;
-        assert_eq!(probe_sizes(Unit::Tile, vec![], true, fits(8 * GIB)), vec![1, 4, 8]);
+        assert_eq!(probe_sizes(Unit::Tile, vec![], 64, true, fits(8 * GIB)), vec![1, 4, 8]);
         // Under a 2 GiB bound 4 tiles do not fit eight times over; before, one size was left and
         // nothing was calibrated.
-        assert_eq!(probe_sizes(Unit::Tile, vec![], true, fits(2 * GIB)), vec![1, 2]);
-        assert_eq!(probe_sizes(Unit::Tile, vec![], true, fits(GIB / 2)), Vec::<u64>::new());
-        // The host keeps what it did: 1 tile alone, no calibration, the prior.
-        assert_eq!(probe_sizes(Unit::Tile, vec![], false, fits(2 * GIB)), vec![1]);
+        assert_eq!(probe_sizes(Unit::Tile, vec![], 64, true, fits(2 * GIB)), vec![1, 2]);
         assert_eq!(
-            probe_sizes(Unit::Sample, vec![15, 61, 185], false, |b| b < 100),
+            probe_sizes(Unit::Tile, vec![], 64, true, fits(GIB / 2)),
+            Vec::<u64>::new()
+        );
+        // The host keeps what it did: 1 tile alone, no calibration, the prior.
+        assert_eq!(probe_sizes(Unit::Tile, vec![], 64, false, fits(2 * GIB)), vec![1]);
+        assert_eq!(
+            probe_sizes(Unit::Sample, vec![15, 61, 185], 7_138, false, |b| b < 100),
             vec![15, 61]
         );
+        // A scene of 4 tiles runs "8" as 4, and a strip of 3 tiles "4" and "8" as 3: only the
+        // sizes it can run are probed.
+        assert_eq!(probe_sizes(Unit::Tile, vec![], 4, true, fits(8 * GIB)), vec![1, 4]);
+        assert_eq!(probe_sizes(Unit::Tile, vec![], 3, false, fits(8 * GIB)), vec![1, 3]);
+        assert_eq!(probe_sizes(Unit::Tile, vec![], 1, true, fits(8 * GIB)), vec![1]);
     }
 
     #[test]
