@@ -13,7 +13,7 @@
 //! geometry and segment length match.
 
 use std::collections::BTreeSet;
-use std::io::Write;
+use std::io::{Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -264,6 +264,10 @@ pub fn prune(state: &Path) -> Result<usize, DaemonError> {
 pub struct Journal {
     path: PathBuf,
     file: std::fs::File,
+    /// Bytes of whole records.
+    len: u64,
+    /// A failed append may have left part of a record after `len`.
+    torn: bool,
 }
 
 impl Drop for Journal {
@@ -280,7 +284,12 @@ impl Journal {
         let path = path_of(state, folder);
         let file = std::fs::File::create(&path).map_err(io(&path))?;
         open_set().insert(path.clone());
-        let mut journal = Self { path, file };
+        let mut journal = Self {
+            path,
+            file,
+            len: 0,
+            torn: false,
+        };
         journal.append(&Record::Start {
             key: key.clone(),
             folder: folder.to_path_buf(),
@@ -295,8 +304,24 @@ impl Journal {
             source: std::io::Error::other(e),
         })?;
         line.push(b'\n');
-        self.file.write_all(&line).map_err(io(&self.path))?;
-        self.file.sync_data().map_err(io(&self.path))
+        if self.torn {
+            self.cut_back().map_err(io(&self.path))?;
+        }
+        if let Err(e) = self.file.write_all(&line).and_then(|()| self.file.sync_data()) {
+            // A full disk writes part of a line: cut back to the last whole one (now, or before
+            // the next append), so a record never follows torn bytes.
+            self.torn = self.cut_back().is_err();
+            return Err(io(&self.path)(e));
+        }
+        self.len += line.len() as u64;
+        Ok(())
+    }
+
+    fn cut_back(&mut self) -> std::io::Result<()> {
+        self.file.set_len(self.len)?;
+        self.file.seek(std::io::SeekFrom::Start(self.len))?;
+        self.torn = false;
+        Ok(())
     }
 
     /// Records segment `s` as committed and queued (synced before it returns).
@@ -350,8 +375,8 @@ pub fn find(state: &Path, outbox: &Path, key: &SceneKey) -> Option<(Journal, Pat
             continue;
         }
         // A torn last line is cut off before records are appended after it.
-        let file = match rewrite(&path, &r) {
-            Ok(file) => file,
+        let (file, len) = match rewrite(&path, &r) {
+            Ok(f) => f,
             Err(e) => {
                 super::log::event(
                     "warning",
@@ -370,14 +395,20 @@ pub fn find(state: &Path, outbox: &Path, key: &SceneKey) -> Option<(Journal, Pat
         let resume = Resume {
             segments: r.segments.clone(),
         };
-        return Some((Journal { path, file }, r.folder, resume));
+        let journal = Journal {
+            path,
+            file,
+            len,
+            torn: false,
+        };
+        return Some((journal, r.folder, resume));
     }
     None
 }
 
 /// Writes `r` back to `path` whole (through a temporary file renamed over it), returning the
 /// file open for appending.
-fn rewrite(path: &Path, r: &Read) -> std::io::Result<std::fs::File> {
+fn rewrite(path: &Path, r: &Read) -> std::io::Result<(std::fs::File, u64)> {
     let mut text = Vec::new();
     let mut push = |record: &Record| -> std::io::Result<()> {
         text.extend(serde_json::to_vec(record).map_err(std::io::Error::other)?);
@@ -402,7 +433,8 @@ fn rewrite(path: &Path, r: &Read) -> std::io::Result<std::fs::File> {
     f.write_all(&text)?;
     f.sync_all()?;
     std::fs::rename(&tmp, path)?;
-    std::fs::OpenOptions::new().append(true).open(path)
+    let file = std::fs::OpenOptions::new().append(true).open(path)?;
+    Ok((file, text.len() as u64))
 }
 
 #[cfg(test)]
@@ -469,6 +501,24 @@ mod tests {
         j.finish().unwrap();
         assert!(find(&state, &outbox, &key("s")).is_none());
         assert!(!resumable(&state, &folder));
+    }
+
+    #[test]
+    fn a_record_after_a_failed_append_follows_the_last_whole_one() {
+        let t = tempfile::tempdir().unwrap();
+        let (state, outbox) = (t.path().join("state"), t.path().join("out"));
+        let folder = outbox.join("s");
+        std::fs::create_dir_all(&folder).unwrap();
+        let mut j = Journal::create(&state, &key("s"), &folder).unwrap();
+        let (a, b) = (seg(&folder, 0), seg(&folder, 1));
+        j.segment(&a, false).unwrap();
+        // What a full disk leaves: part of a record, and a cut that has not happened yet.
+        j.file.write_all(b"{\"record\":\"segm").unwrap();
+        j.torn = true;
+        j.segment(&b, false).unwrap();
+        drop(j);
+        let (_, _, resume) = find(&state, &outbox, &key("s")).unwrap();
+        assert_eq!(resume.segments, vec![a, b]);
     }
 
     #[test]

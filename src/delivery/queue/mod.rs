@@ -141,6 +141,8 @@ struct Inner {
     unbounded: bool,
     /// Records were appended since the log was last compacted.
     dirty: bool,
+    /// A failed append may have left part of a record after `bytes`.
+    torn: bool,
 }
 
 impl Inner {
@@ -262,6 +264,7 @@ impl Queue {
             recent: Default::default(),
             unbounded: false,
             dirty: true,
+            torn: false,
         };
         for (k, s) in recent {
             inner.remember(k, s);
@@ -288,8 +291,17 @@ impl Queue {
     fn append(&self, inner: &mut Inner, records: &[Record]) -> Result<(), DeliveryError> {
         let path = self.log_path();
         let bytes: Vec<u8> = records.iter().flat_map(frame).collect();
-        inner.file.write_all(&bytes).map_err(io(&path))?;
-        inner.file.sync_data().map_err(io(&path))?;
+        if inner.torn {
+            inner.file.set_len(inner.bytes).map_err(io(&path))?;
+            inner.torn = false;
+        }
+        if let Err(e) = inner.file.write_all(&bytes).and_then(|()| inner.file.sync_data()) {
+            // A full disk writes part of a record: cut back to the last whole one (now, or
+            // before the next append), so a record never follows torn bytes and the log
+            // still opens.
+            inner.torn = inner.file.set_len(inner.bytes).is_err();
+            return Err(io(&path)(e));
+        }
         inner.bytes += bytes.len() as u64;
         inner.dirty = true;
         Ok(())
@@ -327,18 +339,19 @@ impl Queue {
             f.sync_all().map_err(io(&tmp))?;
         }
         let path = self.log_path();
-        std::fs::rename(&tmp, &path).map_err(io(&path))?;
-        File::open(&self.dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io(&self.dir))?;
-        inner.file = OpenOptions::new()
+        // Opened before the rename, so that once the log is replaced every later record goes
+        // to the new one, whatever fails after.
+        let file = OpenOptions::new()
             .read(true)
             .append(true)
-            .open(&path)
-            .map_err(io(&path))?;
+            .open(&tmp)
+            .map_err(io(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io(&path))?;
+        inner.file = file;
         inner.bytes = out.len() as u64;
+        inner.torn = false;
         inner.dirty = false;
-        Ok(())
+        File::open(&self.dir).and_then(|d| d.sync_all()).map_err(io(&self.dir))
     }
 
     /// The sinks every entry waits for.

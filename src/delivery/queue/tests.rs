@@ -184,3 +184,45 @@ fn pushing_within_the_bound_waits_for_room_so_the_queue_never_holds_more_than_it
     assert!(within(&q, entry("a", 3), 0).is_some());
     assert_eq!(q.len(), 3);
 }
+
+#[test]
+fn a_torn_append_is_cut_back_before_the_next_record() {
+    let t = tempfile::tempdir().unwrap();
+    let q = Queue::open(t.path(), sinks(), 10).unwrap();
+    assert_eq!(seqs(q.push(vec![entry("a", 0)])), vec![0]);
+    // What a full disk leaves: part of a record after the whole ones, and a cut that failed.
+    {
+        let mut inner = q.lock();
+        let half = frame(&Record::Next { seq: 99 });
+        inner.file.write_all(&half[..half.len() - 2]).unwrap();
+        inner.torn = true;
+    }
+    assert_eq!(seqs(q.push(vec![entry("a", 1)])), vec![1]);
+    drop(q);
+    let q = Queue::open(t.path(), sinks(), 10).unwrap();
+    assert_eq!(q.len(), 2);
+    assert_eq!(seqs(q.push(vec![entry("a", 2)])), vec![2]);
+}
+
+#[test]
+fn a_failed_append_leaves_no_bytes_and_the_next_one_lands() {
+    let t = tempfile::tempdir().unwrap();
+    let q = Queue::open(t.path(), sinks(), 10).unwrap();
+    assert_eq!(seqs(q.push(vec![entry("a", 0)])), vec![0]);
+    let writable = {
+        let mut inner = q.lock();
+        // A handle that cannot write: the append fails and so does the cut, which then waits
+        // for the next append.
+        let read_only = File::open(t.path().join(LOG)).unwrap();
+        std::mem::replace(&mut inner.file, read_only)
+    };
+    assert!(q.push(vec![entry("a", 1)]).is_err());
+    {
+        let mut inner = q.lock();
+        assert!(inner.torn);
+        inner.file = writable;
+    }
+    assert_eq!(seqs(q.push(vec![entry("a", 1)])), vec![1]);
+    drop(q);
+    assert_eq!(Queue::open(t.path(), sinks(), 10).unwrap().len(), 2);
+}
