@@ -188,3 +188,62 @@ fn kill_9_at_random_points_loses_nothing_and_resends_keep_their_sequence() {
         got.len()
     );
 }
+
+#[test]
+fn spooled_cubes_held_by_a_delivery_outage_are_not_failed_by_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::write(
+        d.join("hsiedge.toml"),
+        format!(
+            "[paths]\noutbox = \"{d}/outbox\"\nstate = \"{d}/state\"\ncontrol = \"{d}/control.sock\"\n\
+             spool = \"{d}/spool\"\n[intake]\ndefault_model = \"tiny\"\nsegment_lines = {SEGMENT}\n\
+             {tables}\n\
+             [models.tiny]\nmanifest = \"{m}\"\nmode = \"dense\"\nbatch = 1\ntile = 32\nthreads = 1\n",
+            d = d.display(),
+            m = tiny().display(),
+            tables = delivery_tables(d, "edge-1", 1, true, None),
+        ),
+    )
+    .unwrap();
+    let cubes = d.join("cubes");
+    std::fs::create_dir_all(&cubes).unwrap();
+    let names = ["c1", "c2", "c3", "c4"];
+    for n in names {
+        tiny_cube(&cubes, n, SEGMENT, 8);
+    }
+    // No subscriber: the queue holds one segment and the next scene waits for room, the ones
+    // after it in the model's queue. Four kills: more than the three started runs a cube that
+    // crashes the daemon is allowed.
+    for k in 0..4 {
+        let daemon = Daemon::start(d);
+        if k == 0 {
+            for n in names {
+                drop_in_spool(&d.join("spool/incoming"), &cubes.join(format!("{n}.hdr")), n);
+            }
+        }
+        daemon.wait_for("delivery_full", |_| true, Duration::from_secs(60));
+        daemon.signal("KILL");
+        let _ = daemon.wait(Duration::from_secs(10));
+    }
+    let daemon = Daemon::start(d);
+    let received = subscribe(d, &d.join("sub"), names.len());
+    let mut got: Vec<&str> = received.iter().filter_map(|v| v["scene_id"].as_str()).collect();
+    got.sort_unstable();
+    got.dedup();
+    assert_eq!(got, names, "{received:?}");
+    // c1 went to done/ before the first kill; the others in this run.
+    for n in &names[1..] {
+        daemon.wait_for(
+            "spool",
+            |v| v["scene"] == *n && v["ok"] == true,
+            Duration::from_secs(60),
+        );
+    }
+    for n in names {
+        assert!(d.join("spool/done").join(n).is_dir(), "{n} in done/");
+    }
+    let failed = d.join("spool/failed");
+    let failed: Vec<_> = std::fs::read_dir(&failed).map_or(Vec::new(), |r| r.flatten().map(|e| e.path()).collect());
+    assert!(failed.is_empty(), "{failed:?}");
+}

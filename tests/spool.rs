@@ -253,7 +253,9 @@ fn child_claims_one_and_hangs() {
         return;
     };
     let mut spool = Spool::open(&folder.join("spool"), options()).unwrap();
-    let c = spool.claim_next().unwrap().expect("a scene to claim");
+    let mut c = spool.claim_next().unwrap().expect("a scene to claim");
+    // Its run starts, then the process dies mid-run.
+    assert_eq!(c.start().unwrap(), 1);
     report(&folder.join("claimed"), c.id());
     std::thread::sleep(Duration::from_secs(120));
 }
@@ -302,8 +304,9 @@ fn a_claimer_killed_with_sigkill_loses_nothing_and_its_scene_is_recovered() {
     assert!(folders(&incoming).is_empty(), "claimed before the kill");
 
     let mut spool = Spool::open(&root, options()).unwrap();
-    let c = spool.claim_next().unwrap().expect("the dead claimer's scene");
-    assert_eq!((c.id(), c.recovered(), c.attempts()), ("victim", true, 2));
+    let mut c = spool.claim_next().unwrap().expect("the dead claimer's scene");
+    assert_eq!((c.id(), c.recovered(), c.attempts()), ("victim", true, 1));
+    assert_eq!(c.start().unwrap(), 2);
     assert_eq!(std::fs::read(c.header_path()).unwrap(), header);
     assert_eq!(std::fs::read(c.data_path()).unwrap(), data);
     assert!(spool.claim_next().unwrap().is_none(), "held: not handed out twice");

@@ -31,6 +31,15 @@ pub trait IntakeScene: Send {
         Ok(())
     }
 
+    /// A worker starts the scene's run (a spooled cube counts it against its attempts).
+    fn started(&mut self) {}
+
+    /// After [`Self::started`]: where the run says it waits for room downstream, when the scene
+    /// keeps count of its attempts.
+    fn attempt_mark(&self) -> Option<crate::source::spool::AttemptMark> {
+        None
+    }
+
     /// The scene is over, written (`ok`) or failed and moved aside; the intake releases what it
     /// holds for it.
     fn release(self: Box<Self>, ok: bool);

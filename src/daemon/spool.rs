@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::intake::{IntakeScene, Refusal};
 use super::{DaemonError, Shared, log};
 use crate::engine::error_chain;
-use crate::source::spool::{Claimed, Notice, Spool, SpoolOptions, StopHandle, Wait};
+use crate::source::spool::{AttemptMark, Claimed, Notice, Spool, SpoolOptions, StopHandle, Wait};
 use crate::source::{FileSource, LineSource};
 
 /// How long one wait for the spool lasts before the drain flag is looked at again.
@@ -56,6 +56,21 @@ impl IntakeScene for SpoolScene {
                 serde_json::json!({"scene": id}),
             );
         }
+    }
+
+    fn started(&mut self) {
+        if let Err(e) = self.claimed.start() {
+            // Uncounted, a cube that kills the daemon is retried past its limit.
+            log::event(
+                "warning",
+                &format!("scene `{}`: {}", self.claimed.id(), error_chain(&e)),
+                serde_json::json!({"scene": self.claimed.id()}),
+            );
+        }
+    }
+
+    fn attempt_mark(&self) -> Option<AttemptMark> {
+        Some(self.claimed.attempt_mark())
     }
 
     fn release(self: Box<Self>, ok: bool) {

@@ -234,6 +234,7 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
         segment_lines,
         queued,
     } = job;
+    scene.started();
     let origin = info.origin.display().to_string();
     let key = journal::SceneKey::of(&info, model, segment_lines);
     // A scene an earlier process left mid-way goes on in its folder after its last journalled
@@ -331,13 +332,23 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
             };
             // The segments committed so far, where a run paused for space goes on from.
             let journalled = std::sync::Mutex::new(resume.segments.clone());
+            let mark = scene.attempt_mark();
+            let waiting = |w: bool| {
+                if let Some(Err(e)) = mark.as_ref().map(|m| m.waiting(w)) {
+                    log::event(
+                        "warning",
+                        &format!("scene `{}`: {}", info.id, error_chain(&e)),
+                        serde_json::json!({"scene_id": info.id}),
+                    );
+                }
+            };
             // Each segment is queued for delivery as soon as it is committed.
             let mut queue_segment = |rec: &crate::map::SegmentRecord, last: bool| {
                 // A segment that fills up is committed before the scene's end is seen; a scene of
                 // announced length knows it is the last.
                 let last = last || info.lines == Some(rec.first_line + rec.lines);
                 if let Some(q) = &ctx.delivery {
-                    enqueue(q, &labels, model, &info, &folder, rec, last);
+                    enqueue(q, &labels, model, &info, &folder, rec, last, &waiting);
                 }
                 // Journalled once queued: a resume never skips a segment that was not queued.
                 if let Err(e) = replay::lock(&journal).segment(rec, last) {

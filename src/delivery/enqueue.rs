@@ -26,7 +26,9 @@ impl Labels {
 
 /// Queues one committed segment for delivery, waiting for room under `delivery.queue_max`. It is
 /// on disk already, so a queue that cannot be written (state disk full) is retried until it can:
-/// the scene, and with it intake, waits.
+/// the scene, and with it intake, waits. `waiting` hears `true` when the wait starts and `false`
+/// when it is over.
+#[allow(clippy::too_many_arguments)]
 pub fn enqueue(
     q: &Queue,
     labels: &Labels,
@@ -35,6 +37,7 @@ pub fn enqueue(
     folder: &Path,
     s: &crate::map::SegmentRecord,
     last: bool,
+    waiting: &dyn Fn(bool),
 ) {
     let entries = vec![Entry {
         seq: 0,
@@ -58,7 +61,14 @@ pub fn enqueue(
     let mut failures = 0u64;
     let mut waited = 0u64;
     loop {
-        match q.push_within_bound(entries.clone(), std::time::Duration::from_secs(1)) {
+        let pushed = q.push_within_bound(entries.clone(), std::time::Duration::from_secs(1));
+        let held = !matches!(pushed, Ok(Some(_)));
+        if held && failures + waited == 0 {
+            waiting(true);
+        } else if !held && failures + waited > 0 {
+            waiting(false);
+        }
+        match pushed {
             Ok(None) => {
                 // No room: the scene (and with it its source) waits, so the queue never holds
                 // more than `delivery.queue_max`.

@@ -9,7 +9,7 @@ use super::{Held, SpoolError, io_err, sync_dir};
 use crate::source::FileSource;
 use crate::source::file::OpenError;
 
-/// The file in a scene folder counting how often the scene was handed out.
+/// The file in a scene folder counting how often a run of the scene started.
 pub(super) const ATTEMPTS: &str = ".attempts";
 
 /// A scene handed out by [`super::Spool::claim_next`]: its header and data file sit in a folder
@@ -87,9 +87,27 @@ impl Claimed {
         self.recovered
     }
 
-    /// How many times the scene was handed out, this time included (1 for a first claim).
+    /// How many times a run of the scene started, [`Self::start`] of this claim included (0
+    /// for a first claim not yet started).
     pub fn attempts(&self) -> u32 {
         self.attempts
+    }
+
+    /// Records (synced) that a run of the scene starts now. A claim handed out again counts
+    /// only runs that started, so a scene that waited in a queue through a crash is not
+    /// charged for it. Returns the attempts, this one included.
+    pub fn start(&mut self) -> Result<u32, SpoolError> {
+        write_attempts(&self.dir, self.attempts + 1)?;
+        self.attempts += 1;
+        Ok(self.attempts)
+    }
+
+    /// The attempts record of this claim, for its run to say when it waits.
+    pub fn attempt_mark(&self) -> AttemptMark {
+        AttemptMark {
+            path: self.dir.join(ATTEMPTS),
+            started: self.attempts,
+        }
     }
 
     /// The scene's lines.
@@ -122,6 +140,26 @@ impl Claimed {
     pub fn failed(self, reason: &str) -> Result<PathBuf, SpoolError> {
         let text = reason_text(reason, &self.id, self.attempts);
         finish(&self.dir, &self.id, "reason", &text, &self.failed_root)
+    }
+}
+
+/// The attempts record of a started run. A run that waits for room downstream (a delivery
+/// outage) is not processing its cube, so the process dying then is not charged to the cube.
+#[derive(Debug, Clone)]
+pub struct AttemptMark {
+    path: PathBuf,
+    started: u32,
+}
+
+impl AttemptMark {
+    /// Records (synced) that the run waits (`true`: not charged while it does) or goes on.
+    pub fn waiting(&self, waiting: bool) -> Result<(), SpoolError> {
+        let n = if waiting {
+            self.started.saturating_sub(1)
+        } else {
+            self.started
+        };
+        write_synced(&self.path, format!("{n}\n").as_bytes())
     }
 }
 
@@ -192,7 +230,7 @@ pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), SpoolError> 
     f.sync_all().map_err(io_err("sync", path))
 }
 
-/// How many times the scene in `dir` was handed out (0 when never recorded).
+/// How many times a run of the scene in `dir` started (0 when never recorded).
 pub(super) fn read_attempts(dir: &Path) -> u32 {
     std::fs::read_to_string(dir.join(ATTEMPTS))
         .ok()
@@ -200,7 +238,7 @@ pub(super) fn read_attempts(dir: &Path) -> u32 {
         .unwrap_or(0)
 }
 
-/// Records that the scene in `dir` was handed out `n` times.
+/// Records that a run of the scene in `dir` started `n` times.
 pub(super) fn write_attempts(dir: &Path, n: u32) -> Result<(), SpoolError> {
     write_synced(&dir.join(ATTEMPTS), format!("{n}\n").as_bytes())
 }

@@ -182,14 +182,13 @@ impl Spool {
         std::fs::rename(&header_from, &header).map_err(io_err("claim (rename into work/)", &header_from))?;
         sync_dir(&dir)?;
         sync_dir(&self.incoming)?;
-        claimed::write_attempts(&dir, 1)?;
         let parts = Parts {
             id: id.clone(),
             dir,
             header,
             data,
             recovered: false,
-            attempts: 1,
+            attempts: 0,
         };
         Ok(Some(Claimed::new(
             parts,

@@ -48,8 +48,10 @@
 //! (the scene is whole; outputs the killed run had started are the daemon's to replace). A claim
 //! the crash cut between its two renames is finished (the header is still in `incoming/`). A
 //! [`Claimed`] dropped without [`Claimed::done`] or [`Claimed::failed`] is handed out again the
-//! same way. A scene handed out [`SpoolOptions::max_attempts`] times without finishing goes to
-//! `failed/` instead, so a cube that kills the daemon cannot do so forever.
+//! same way. A scene whose run started ([`Claimed::start`]) [`SpoolOptions::max_attempts`] times
+//! without finishing goes to `failed/` instead, so a cube that kills the daemon cannot do so
+//! forever; hand-outs that never reached a run (a queue a crash emptied) do not count, nor does a
+//! run that died while it waited for room downstream ([`AttemptMark`]).
 //!
 //! Every move is followed by an fsync of the folders it touched (and a written record or reason
 //! by an fsync of the file), so a power cut loses no scene and never shows one in two places.
@@ -72,7 +74,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-pub use claimed::Claimed;
+pub use claimed::{AttemptMark, Claimed};
 
 use owner::OwnerDir;
 
@@ -84,7 +86,8 @@ pub struct SpoolOptions {
     pub grace: Duration,
     /// How often [`Spool::wait_ready`] looks at the folders.
     pub poll: Duration,
-    /// How many times one scene is handed out before a further recovery fails it instead.
+    /// How many runs of one scene may start without finishing before a further recovery fails
+    /// it instead.
     pub max_attempts: u32,
 }
 

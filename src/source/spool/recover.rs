@@ -138,15 +138,12 @@ impl Spool {
             },
             (Some(_), None) => return self.fail(dir, id, "the data file is missing from the claimed scene"),
         };
-        let attempts = claimed::read_attempts(dir) + 1;
-        if attempts > self.options.max_attempts {
-            let reason = format!(
-                "handed out {} times without finishing (each time its process died or dropped it)",
-                attempts - 1
-            );
+        let attempts = claimed::read_attempts(dir);
+        if attempts >= self.options.max_attempts {
+            let reason =
+                format!("started {attempts} times without finishing (each time its process died or dropped it)");
             return self.fail(dir, id, &reason);
         }
-        claimed::write_attempts(dir, attempts)?;
         let parts = Parts {
             id: id.to_string(),
             dir: dir.to_path_buf(),

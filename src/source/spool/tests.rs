@@ -65,8 +65,9 @@ fn a_delivered_scene_is_claimed_by_renames_and_done_moves_it_whole() {
         ino(&spool.incoming().join("pass-1.hdr")),
         ino(&spool.incoming().join("pass-1.img")),
     );
-    let c = spool.claim_next().unwrap().expect("a ready scene");
-    assert_eq!((c.id(), c.recovered(), c.attempts()), ("pass-1", false, 1));
+    let mut c = spool.claim_next().unwrap().expect("a ready scene");
+    assert_eq!((c.id(), c.recovered(), c.attempts()), ("pass-1", false, 0));
+    assert_eq!(c.start().unwrap(), 1);
     // The very files, moved: a claim copies nothing.
     assert_eq!((ino(c.header_path()), ino(c.data_path())), (hdr_ino, img_ino));
     assert!(c.dir().starts_with(root.path().join("work")));
@@ -246,7 +247,8 @@ fn scenes_of_a_dead_owner_are_recovered_first_and_a_dropped_claim_is_handed_out_
     let data = {
         let mut a = Spool::open(root.path(), quick()).unwrap();
         let data = deliver(a.incoming(), "kept", 1);
-        let c = a.claim_next().unwrap().unwrap();
+        let mut c = a.claim_next().unwrap().unwrap();
+        c.start().unwrap();
         // Dropping the spool and its claim releases the lock as a dying process would.
         drop(c);
         drop(a);
@@ -255,19 +257,30 @@ fn scenes_of_a_dead_owner_are_recovered_first_and_a_dropped_claim_is_handed_out_
     let mut b = Spool::open(root.path(), quick()).unwrap();
     deliver(b.incoming(), "fresh", 2);
     let c = b.claim_next().unwrap().expect("recovered first");
-    assert_eq!((c.id(), c.recovered(), c.attempts()), ("kept", true, 2));
+    assert_eq!((c.id(), c.recovered(), c.attempts()), ("kept", true, 1));
     assert_eq!(std::fs::read(c.data_path()).unwrap(), data);
-    // Dropped again, unfinished: the same spool hands it out once more.
+    // Handed out and dropped before its run started (a queue a crash emptied): not counted.
     drop(c);
-    let c = b.claim_next().unwrap().unwrap();
-    assert_eq!((c.id(), c.attempts()), ("kept", 3));
+    // Started, then dropped while waiting for room downstream: not counted either.
+    let mut c = b.claim_next().unwrap().unwrap();
+    assert_eq!(c.start().unwrap(), 2);
+    c.attempt_mark().waiting(true).unwrap();
     drop(c);
-    // A fourth time is over the limit of three: failed instead.
+    let mut c = b.claim_next().unwrap().unwrap();
+    assert_eq!((c.id(), c.attempts()), ("kept", 1));
+    assert_eq!(c.start().unwrap(), 2);
+    // Dropped again mid-run: the same spool hands it out once more.
+    drop(c);
+    let mut c = b.claim_next().unwrap().unwrap();
+    assert_eq!((c.id(), c.attempts()), ("kept", 2));
+    assert_eq!(c.start().unwrap(), 3);
+    drop(c);
+    // Three runs started and none finished: failed instead of a fourth.
     let next = b.claim_next().unwrap().unwrap();
     assert_eq!(next.id(), "fresh");
     let r = rejected(&b.take_notices());
     assert_eq!(r.len(), 1);
-    assert!(r[0].1.starts_with("handed out 3 times without finishing"), "{}", r[0].1);
+    assert!(r[0].1.starts_with("started 3 times without finishing"), "{}", r[0].1);
     let reason = std::fs::read_to_string(b.failed_dir().join("kept/kept.reason")).unwrap();
     assert!(reason.contains("attempts: 3"), "{reason}");
     next.done(&serde_json::Value::Null).unwrap();
@@ -291,7 +304,7 @@ fn a_claim_cut_between_its_renames_is_finished_by_recovery() {
     std::fs::rename(root.path().join("incoming/half.img"), dead.join("half/half.img")).unwrap();
     let mut spool = Spool::open(root.path(), quick()).unwrap();
     let c = spool.claim_next().unwrap().expect("recovered");
-    assert_eq!((c.id(), c.recovered(), c.attempts()), ("half", true, 1));
+    assert_eq!((c.id(), c.recovered(), c.attempts()), ("half", true, 0));
     assert_eq!(c.header_path(), dead.join("half/half.hdr"));
     assert_eq!(std::fs::read(c.data_path()).unwrap(), data);
     assert!(names(spool.incoming()).is_empty());
