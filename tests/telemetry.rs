@@ -355,6 +355,48 @@ fn bad_telemetry_arguments_fail_before_any_work() {
 }
 
 #[test]
+fn telemetry_never_overwrites_an_input_or_a_file_of_the_output_set() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cube = common::write_cube(d, "scene", 6, 5, 4, |l, b, s| (l * 3 + b + s) as f32);
+    let data = std::fs::read(d.join("scene.img")).unwrap();
+    let tiny = daemon_harness::tiny();
+    let out = d.join("out");
+    let args = |telemetry: &Path| -> Vec<String> {
+        [
+            "classify",
+            cube.to_str().unwrap(),
+            "--model",
+            tiny.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+            "--telemetry",
+            telemetry.to_str().unwrap(),
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let run = |telemetry: &Path| {
+        let a = args(telemetry);
+        fails(&a.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let err = run(&d.join("scene.img"));
+    assert!(err.contains("is the run's input"), "{err}");
+    assert_eq!(
+        std::fs::read(d.join("scene.img")).unwrap(),
+        data,
+        "the scene is untouched"
+    );
+    let err = run(&tiny);
+    assert!(err.contains("is the run's input"), "{err}");
+    // A first run makes the set; the second's telemetry may not write through it.
+    let a = args(&d.join("t.jsonl"));
+    common::ok(&a.iter().map(String::as_str).collect::<Vec<_>>());
+    let err = run(&out.join("summary.json"));
+    assert!(err.contains("of the output set, which the run replaces"), "{err}");
+}
+
+#[test]
 fn serve_metrics_scraped_during_a_streamed_scene_pass_promtool() {
     use daemon_harness::{Daemon, Model, tiny, tiny_cube, write_config_with};
     let Some(promtool) = promtool() else { return };

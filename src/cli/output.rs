@@ -24,10 +24,19 @@ pub fn print_report<T: serde::Serialize + std::fmt::Display>(report: &T, json: b
 #[allow(clippy::result_large_err)]
 pub fn classify(spec: JobSpec, json: bool, telemetry: &TelemetryArgs) -> Result<()> {
     use hsiedge::telemetry::{self as tm, JsonLines, LatestSnapshot, MetricsServer, Sink};
-    // Both are opened before the model loads, so a bad path or address fails at once.
+    // Checked before the model loads, so a bad path or address fails at once.
     let listener = telemetry.metrics.as_deref().map(tm::http::bind_local).transpose()?;
-    let mut jsonl = telemetry.telemetry.as_deref().map(JsonLines::create).transpose()?;
+    telemetry
+        .telemetry
+        .as_deref()
+        .map(JsonLines::check_writable)
+        .transpose()?;
     let mut job = Job::resolve(spec)?;
+    // Created (emptied) only once it is known not to be an input or a file of the output set.
+    if let Some(path) = telemetry.telemetry.as_deref() {
+        job.check_side_file("--telemetry", path)?;
+    }
+    let mut jsonl = telemetry.telemetry.as_deref().map(JsonLines::create).transpose()?;
     let total = job.cube.lines() * job.cube.samples();
     let bar = if std::io::stderr().is_terminal() && !json {
         let b = indicatif::ProgressBar::new(total as u64);

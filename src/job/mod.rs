@@ -147,6 +147,8 @@ pub struct Job {
     device_io: Option<crate::gpu::resident::DeviceIo>,
     /// Device memory in use at the last run's peak (a GPU provider's).
     device_peak_bytes: Option<u64>,
+    /// The files the run reads.
+    inputs: Vec<PathBuf>,
 }
 
 impl Drop for Job {
@@ -260,7 +262,14 @@ impl Job {
             io_fallback,
             device_io: None,
             device_peak_bytes: None,
+            inputs,
         })
+    }
+
+    /// Refuses `path`, a file the run is to write beside its maps under option `flag`, where it
+    /// would overwrite an input or a file of the output set (before it is created).
+    pub fn check_side_file(&self, flag: &'static str, path: &Path) -> Result<(), JobError> {
+        Ok(crate::map::check_side_file(&self.out, &self.inputs, flag, path)?)
     }
 
     /// Runs the pipeline; `progress` gets each batch's record. The output set is staged while it

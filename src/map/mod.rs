@@ -33,6 +33,17 @@ pub enum MapError {
         /// The path.
         path: PathBuf,
     },
+    /// A file the run writes beside its maps (`--telemetry`) would overwrite one of its inputs
+    /// or one of the files the output set replaces.
+    #[error("{flag} {path}: {clash}")]
+    SideFileClash {
+        /// The option naming the file.
+        flag: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// What it would overwrite.
+        clash: String,
+    },
     /// Writing the outputs would replace one of the run's inputs.
     #[error("{output} would replace the input {input}: choose another --out")]
     WouldReplaceInput {
@@ -75,7 +86,7 @@ mod set;
 pub use lock::{Contention, LOCK_NAME, OutputDir};
 pub use quicklook::{QuicklookStream, quicklook_png};
 pub use segment::{SegmentOptions, SegmentRecord, SegmentWriter, shift_map_info};
-pub use set::{CURRENT, Retired, SET_PREFIX, Staged, check_inputs_spared};
+pub use set::{CURRENT, Retired, SET_PREFIX, Staged, check_inputs_spared, check_side_file};
 
 /// Every file name a job's output set may hold.
 pub const SET_NAMES: &[&str] = &[

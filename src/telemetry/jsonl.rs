@@ -15,6 +15,32 @@ pub struct JsonLines<W: Write + Send> {
 }
 
 impl JsonLines<BufWriter<File>> {
+    /// Checks, without creating or changing anything, that `path` can be written: it exists and
+    /// opens for writing, or its folder exists.
+    pub fn check_writable(path: &Path) -> Result<(), TelemetryError> {
+        let err = |source| TelemetryError::Io {
+            what: "creating",
+            path: path.to_path_buf(),
+            source,
+        };
+        if path.exists() {
+            return std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map(drop)
+                .map_err(err);
+        }
+        let folder = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        match std::fs::metadata(folder) {
+            Ok(m) if m.is_dir() => Ok(()),
+            Ok(_) => Err(err(std::io::ErrorKind::NotADirectory.into())),
+            Err(e) => Err(err(e)),
+        }
+    }
+
     /// Creates (or truncates) `path`.
     pub fn create(path: &Path) -> Result<Self, TelemetryError> {
         let file = File::create(path).map_err(|source| TelemetryError::Io {

@@ -393,6 +393,32 @@ pub fn check_inputs_spared(out: &OutputDir, inputs: &[PathBuf]) -> Result<(), Ma
     Ok(())
 }
 
+/// Refuses `path`, a file the run writes beside its maps under option `flag`, where it is one of
+/// `inputs` (the same file, by device and inode) or one of the names in `out` that each output
+/// set replaces. Checked before the file is created, which empties it.
+pub fn check_side_file(out: &OutputDir, inputs: &[PathBuf], flag: &'static str, path: &Path) -> Result<(), MapError> {
+    use std::os::unix::fs::MetadataExt;
+    let clash = |clash: String| MapError::SideFileClash {
+        flag,
+        path: path.to_path_buf(),
+        clash,
+    };
+    if let Ok(m) = std::fs::metadata(path) {
+        for input in inputs {
+            if std::fs::metadata(input).is_ok_and(|i| (i.dev(), i.ino()) == (m.dev(), m.ino())) {
+                return Err(clash(format!("is the run's input {}", input.display())));
+            }
+        }
+    }
+    match check_inputs_spared(out, &[path.to_path_buf()]) {
+        Err(MapError::WouldReplaceInput { output, .. }) => Err(clash(format!(
+            "is {} of the output set, which the run replaces",
+            output.display()
+        ))),
+        other => other,
+    }
+}
+
 /// The set folder `current` names, if it names one.
 fn current_set(out: &Path) -> Option<PathBuf> {
     let target = std::fs::read_link(out.join(CURRENT)).ok()?;
