@@ -138,7 +138,7 @@ enum Command {
         #[arg(long)]
         scene: PathBuf,
         /// Lines per second (0: as fast as the receiver takes them).
-        #[arg(long, value_name = "LINES_PER_S")]
+        #[arg(long, value_name = "LINES_PER_S", value_parser = cli::args::rate)]
         rate: f64,
         /// The receiver: tcp:HOST:PORT, unix:PATH or HOST:PORT.
         #[arg(long, value_name = "ADDR")]
@@ -186,7 +186,7 @@ enum Command {
         #[arg(long, value_name = "N")]
         count: Option<u64>,
         /// Seconds to keep trying to connect.
-        #[arg(long, value_name = "S", default_value_t = 30.0)]
+        #[arg(long, value_name = "S", default_value_t = 30.0, value_parser = cli::args::seconds)]
         connect_timeout_s: f64,
     },
     /// Benchmarks (medians, with ratios against baselines measured in the same run).
@@ -409,9 +409,6 @@ fn run(cli: Cli) -> Result<()> {
             count,
             connect_timeout_s,
         } => {
-            if !connect_timeout_s.is_finite() || connect_timeout_s < 0.0 {
-                anyhow::bail!("--connect-timeout-s {connect_timeout_s} is not a number of seconds >= 0");
-            }
             let opts = hsiedge::delivery::subscribe::SubscribeOptions {
                 socket,
                 out,

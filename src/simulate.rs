@@ -28,13 +28,15 @@ pub enum SimulateError {
         /// The manifest.
         manifest: PathBuf,
     },
-    /// A size is zero.
-    #[error("invalid scene size {lines} x {samples}")]
+    /// A size is zero, or the cube too large to draw.
+    #[error("invalid scene size {lines} x {samples}: {why}")]
     Size {
         /// Lines asked for.
         lines: usize,
         /// Samples asked for.
         samples: usize,
+        /// What is wrong with it.
+        why: String,
     },
     /// Writing failed.
     #[error(transparent)]
@@ -56,6 +58,9 @@ pub struct SimulateOptions {
     /// saturated at the type's range).
     pub int16: bool,
 }
+
+/// The most values (pixels x bands) a simulated cube has: 16 GiB of float32.
+pub const SIMULATE_MAX_VALUES: usize = 1 << 32;
 
 /// Paths of a simulated scene.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -87,10 +92,20 @@ pub fn simulate(manifest: &Manifest, opts: &SimulateOptions, dir: &Path) -> Resu
         }
     };
     let (lines, samples) = (opts.lines, opts.samples);
-    if lines == 0 || samples == 0 {
-        return Err(SimulateError::Size { lines, samples });
-    }
     let bands = manifest.input.bands;
+    let size = |why: String| SimulateError::Size { lines, samples, why };
+    if lines == 0 || samples == 0 {
+        return Err(size("needs at least one line and one sample".into()));
+    }
+    // The cube is drawn in memory as float32.
+    match lines.checked_mul(samples).and_then(|p| p.checked_mul(bands)) {
+        Some(values) if values <= SIMULATE_MAX_VALUES => {}
+        _ => {
+            return Err(size(format!(
+                "{bands} bands make more than {SIMULATE_MAX_VALUES} values, the most it draws"
+            )));
+        }
+    }
     let k = stats.len();
     let mut rng = rand::rngs::StdRng::seed_from_u64(opts.seed);
     let fields = opts.fields.max(k);

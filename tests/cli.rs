@@ -637,6 +637,25 @@ fn simulate_writes_a_labelled_synthetic_scene() {
         "--json",
     ]));
     assert_eq!(s["accuracy"]["labelled_pixels"], 99);
+    // Sizes past what it draws in memory, overflowing or not, are refused by name.
+    for (lines, samples) in [("4294967296", "4294967296"), ("100000000", "100000000")] {
+        let err = fails(&[
+            "simulate",
+            "--model",
+            tiny().to_str().unwrap(),
+            "--out",
+            dir.path().join("big").to_str().unwrap(),
+            "--lines",
+            lines,
+            "--samples",
+            samples,
+        ]);
+        assert!(
+            err.contains(&format!("invalid scene size {lines} x {samples}")),
+            "{err}"
+        );
+        assert!(!dir.path().join("big").exists());
+    }
 }
 
 #[test]

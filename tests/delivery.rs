@@ -497,6 +497,18 @@ fn subscribe_fails_cleanly_naming_the_socket_nobody_serves_or_the_bad_value() {
     let (sock, out) = (sock.to_str().unwrap(), out.to_str().unwrap());
     let err = common::fails(&["subscribe", "--socket", sock, "--out", out, "--connect-timeout-s", "0"]);
     assert!(err.contains("none.sock"), "{err}");
-    let err = common::fails(&["subscribe", "--socket", sock, "--out", out, "--connect-timeout-s=-1"]);
-    assert!(err.contains("--connect-timeout-s"), "{err}");
+    // Values no timer holds are usage errors (exit 2), named with the flag, never a panic.
+    for bad in ["-1", "1e30", "nan"] {
+        let o = common::run(&[
+            "subscribe",
+            "--socket",
+            sock,
+            "--out",
+            out,
+            &format!("--connect-timeout-s={bad}"),
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(err.contains("--connect-timeout-s") && err.contains(bad), "{err}");
+    }
 }

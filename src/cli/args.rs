@@ -170,3 +170,39 @@ pub struct TelemetryArgs {
     #[arg(long, value_name = "ADDR")]
     pub metrics: Option<String>,
 }
+
+/// A number of seconds within what a timer holds: finite, from 0 to a year.
+pub fn seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=SECONDS_MAX).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds from 0 to {SECONDS_MAX}")),
+    }
+}
+
+/// Lines per second: 0 (as fast as the receiver takes them), or from a line in 1,000 s to 1e9.
+pub fn rate(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v == 0.0 || (1e-3..=1e9).contains(&v) => Ok(v),
+        _ => Err(format!("`{s}` is not 0 or a rate from 0.001 to 1e9 lines per second")),
+    }
+}
+
+/// A year.
+const SECONDS_MAX: f64 = 31_536_000.0;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn seconds_and_rates_refuse_what_a_timer_cannot_hold() {
+        assert_eq!(super::seconds("2.5"), Ok(2.5));
+        assert_eq!(super::seconds("0"), Ok(0.0));
+        for bad in ["-1", "nan", "inf", "1e30", "x"] {
+            assert!(super::seconds(bad).is_err(), "{bad}");
+        }
+        assert_eq!(super::rate("0"), Ok(0.0));
+        assert_eq!(super::rate("400"), Ok(400.0));
+        for bad in ["1e-300", "-5", "nan", "inf", "1e12"] {
+            assert!(super::rate(bad).is_err(), "{bad}");
+        }
+    }
+}

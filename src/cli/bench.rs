@@ -127,7 +127,7 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 4096)]
         lines: usize,
         /// Lines per second (0: as fast as the receiver takes them).
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, default_value_t = 0.0, value_parser = super::args::rate)]
         rate: f64,
         /// Repetitions (after one untimed warm-up).
         #[arg(long, default_value_t = 5)]
@@ -163,7 +163,7 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1)]
         warmups: usize,
         /// Stop after a size whose run takes longer than this (seconds).
-        #[arg(long, default_value_t = 10.0)]
+        #[arg(long, default_value_t = 10.0, value_parser = super::args::seconds)]
         max_run_s: f64,
         /// Also time the manifest's fp16 graph over the same sizes and report fp16/fp32.
         #[arg(long)]
@@ -180,7 +180,7 @@ pub enum BenchCommand {
         #[arg(long, value_name = "PROG", default_value = "nvpmodel", requires = "power_modes")]
         nvpmodel: PathBuf,
         /// Seconds to wait after a mode switch for clocks to settle.
-        #[arg(long, default_value_t = 5.0, requires = "power_modes")]
+        #[arg(long, default_value_t = 5.0, requires = "power_modes", value_parser = super::args::seconds)]
         settle_s: f64,
         /// Print the power-mode plan; switch and run nothing.
         #[arg(long, requires = "power_modes")]
@@ -366,9 +366,6 @@ pub fn run(what: BenchCommand) -> Result<()> {
             json,
             engine,
         } => {
-            if !(settle_s.is_finite() && settle_s >= 0.0) {
-                anyhow::bail!("--settle-s {settle_s}: needs a non-negative number of seconds");
-            }
             let mode = match hsiedge::job::parse_mode(&mode)? {
                 hsiedge::job::ModeChoice::Fixed(m) => m,
                 hsiedge::job::ModeChoice::Auto => {

@@ -428,6 +428,14 @@ impl RawConfig {
             let tile = at_least_one("tile", m.tile, crate::job::DEFAULT_TILE)?;
             let workers = at_least_one("workers", m.workers, defaults::WORKERS)?;
             let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+            if workers > cpus {
+                return Err(bad(
+                    &key("workers"),
+                    format!(
+                        "{workers} workers on {cpus} CPUs: each holds a session of its own, and more than one a CPU only wait on each other"
+                    ),
+                ));
+            }
             let threads = m.threads.unwrap_or(0);
             if threads > cpus {
                 return Err(bad(

@@ -181,6 +181,10 @@ fn values_out_of_range_are_refused_naming_the_key() {
             "key `models.tiny.threads`",
         ),
         (
+            MINIMAL.replace("[models.tiny]", "[models.tiny]\nworkers = 100000"),
+            "key `models.tiny.workers`",
+        ),
+        (
             MINIMAL.replace("[models.tiny]", "[models.\"../x\"]"),
             "key `models.../x`",
         ),
