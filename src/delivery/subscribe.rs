@@ -92,7 +92,8 @@ fn check_file_name(name: &str, what: &str) -> Result<(), DeliveryError> {
     }
 }
 
-/// Writes `msg`'s files into their folder (each through a temporary name and a rename).
+/// Writes `msg`'s files into their folder (each synced, through a temporary name and a rename),
+/// and syncs the folders.
 fn store(out: &Path, msg: &Segment, what: &str) -> Result<PathBuf, DeliveryError> {
     for id in [&msg.node, &msg.scene_id] {
         check_scene_id(id).map_err(|e| DeliveryError::Protocol {
@@ -108,9 +109,21 @@ fn store(out: &Path, msg: &Segment, what: &str) -> Result<PathBuf, DeliveryError
     for f in &msg.files {
         check_file_name(&f.name, what)?;
         let tmp = folder.join(format!(".{}.tmp", f.name));
-        std::fs::write(&tmp, &f.data).map_err(io(&tmp))?;
+        std::fs::File::create(&tmp)
+            .and_then(|mut file| {
+                file.write_all(&f.data)?;
+                file.sync_all()
+            })
+            .map_err(io(&tmp))?;
         let to = folder.join(&f.name);
         std::fs::rename(&tmp, &to).map_err(io(&to))?;
+    }
+    // The segment is acknowledged once it is on disk: its files' names, and the folders made
+    // for it, up to `out`.
+    let mut dir = Some(folder.as_path());
+    while let Some(d) = dir {
+        std::fs::File::open(d).and_then(|f| f.sync_all()).map_err(io(d))?;
+        dir = d.parent().filter(|p| p.starts_with(out) && d != out);
     }
     Ok(folder)
 }
