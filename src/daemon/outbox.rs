@@ -53,8 +53,21 @@ pub fn claim(outbox: &Path, id: &str) -> Result<PathBuf, DaemonError> {
     })
 }
 
+/// Where a folder moved aside is recorded (the delivery queue, whose entries name it), before
+/// it moves: `(from, to)`.
+pub type RecordMove<'a> = &'a dyn Fn(&Path, &Path) -> Result<(), DaemonError>;
+
 /// Moves a failed scene's folder aside, with `error.json` holding `error`; returns where it went.
-pub fn move_aside(outbox: &Path, folder: &Path, error: &serde_json::Value) -> Result<PathBuf, DaemonError> {
+///
+/// `record` hears the move before the rename, so what names the folder never names a place it
+/// is not (a crash between the two leaves the folder in place, recorded as moved, and the next
+/// start's [`recover`] moves it to the same name). A rename that fails is recorded back.
+pub fn move_aside(
+    outbox: &Path,
+    folder: &Path,
+    error: &serde_json::Value,
+    record: RecordMove<'_>,
+) -> Result<PathBuf, DaemonError> {
     let name = folder.file_name().unwrap_or(folder.as_os_str());
     let failed = outbox.join(FAILED);
     let mut to = failed.join(name);
@@ -63,11 +76,38 @@ pub fn move_aside(outbox: &Path, folder: &Path, error: &serde_json::Value) -> Re
         to = failed.join(format!("{}+{n}", name.to_string_lossy()));
         n += 1;
     }
-    std::fs::rename(folder, &to).map_err(io(folder))?;
-    let file = to.join("error.json");
+    // Written inside the folder, so it moves with it; a full disk leaves the move without it
+    // (the daemon's log has the error) and no empty file.
+    let file = folder.join("error.json");
     let text = serde_json::to_vec_pretty(error).unwrap_or_default();
-    std::fs::write(&file, text).map_err(io(&file))?;
+    if write_synced(&file, &text).is_err() {
+        let _ = std::fs::remove_file(&file);
+    }
+    record(folder, &to)?;
+    if let Err(e) = std::fs::rename(folder, &to) {
+        let _ = record(&to, folder);
+        return Err(io(folder)(e));
+    }
+    for d in [&failed, &outbox.to_path_buf()] {
+        std::fs::File::open(d).and_then(|f| f.sync_all()).map_err(io(d))?;
+    }
     Ok(to)
+}
+
+/// Records a move of a scene's folder in the delivery queue, when there is one (a
+/// [`RecordMove`]).
+pub fn relocate(queue: Option<&crate::delivery::Queue>, from: &Path, to: &Path) -> Result<(), DaemonError> {
+    let Some(q) = queue else { return Ok(()) };
+    q.relocate(from, to).map_err(|e| DaemonError::Runtime {
+        what: "recording a scene's move in the delivery queue",
+        source: std::io::Error::other(crate::engine::error_chain(&e)),
+    })
+}
+
+fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut f = std::fs::File::create(path)?;
+    std::io::Write::write_all(&mut f, bytes)?;
+    f.sync_all()
 }
 
 /// Marks the scene in `folder` as in flight (removed by [`InFlight::finish`]; a marker left
@@ -109,12 +149,14 @@ pub struct Interrupted {
 }
 
 /// Moves aside the scenes a previous process left in flight (killed, or cut off by a drain that
-/// ran out of time before it could move them) and removes their markers; a scene whose folder
+/// ran out of time before it could move them), `record`ing each move before it, and then removes
+/// their markers; a scene whose folder
 /// `completed` says finished (queued for delivery just before the end) is kept where it is.
 pub fn recover(
     outbox: &Path,
     state: &Path,
     completed: &dyn Fn(&Path) -> bool,
+    record: RecordMove<'_>,
 ) -> Result<Vec<Interrupted>, DaemonError> {
     let dir = state.join(IN_FLIGHT);
     let mut found = Vec::new();
@@ -131,7 +173,7 @@ pub fn recover(
                 "error": "interrupted: the daemon stopped while this scene was in flight (killed, or \
                           its drain timed out); its committed segments are kept here",
             });
-            Some(move_aside(outbox, &folder, &error)?)
+            Some(move_aside(outbox, &folder, &error, record)?)
         } else {
             None
         };
@@ -167,7 +209,20 @@ mod tests {
         prepare(&outbox, &state).unwrap();
         let f = claim(&outbox, "s").unwrap();
         std::fs::write(f.join("part"), b"x").unwrap();
-        let to = move_aside(&outbox, &f, &serde_json::json!({"error": "boom"})).unwrap();
+        let moves = std::cell::RefCell::new(Vec::new());
+        let record = |from: &Path, to: &Path| {
+            // The folder is still where it was when the move is recorded.
+            assert!(from.is_dir() && !to.exists());
+            moves.borrow_mut().push((from.to_path_buf(), to.to_path_buf()));
+            Ok(())
+        };
+        let to = move_aside(&outbox, &f, &serde_json::json!({"error": "boom"}), &record).unwrap();
+        assert_eq!(*moves.borrow(), [(f.clone(), to.clone())]);
+        // A move that cannot be recorded does not happen.
+        let k = claim(&outbox, "k").unwrap();
+        let refuse = |_: &Path, to: &Path| Err(io(to)(std::io::Error::other("state disk full")));
+        assert!(move_aside(&outbox, &k, &serde_json::json!({}), &refuse).is_err());
+        assert!(k.is_dir() && !outbox.join(FAILED).join("k").exists());
         assert_eq!(to, outbox.join(FAILED).join("s"));
         assert!(to.join("part").is_file() && !f.exists());
         assert!(std::fs::read_to_string(to.join("error.json")).unwrap().contains("boom"));
@@ -176,7 +231,7 @@ mod tests {
         let g = claim(&outbox, "s").unwrap();
         let marker = InFlight::start(&state, &g, "s", "m").unwrap();
         std::mem::forget(marker);
-        let found = recover(&outbox, &state, &|_| false).unwrap();
+        let found = recover(&outbox, &state, &|_| false, &record).unwrap();
         assert_eq!(found.len(), 1);
         assert_eq!(
             found[0].moved_to.as_deref(),
@@ -186,10 +241,10 @@ mod tests {
         // A finished scene leaves no marker.
         let h = claim(&outbox, "t").unwrap();
         InFlight::start(&state, &h, "t", "m").unwrap().finish().unwrap();
-        assert!(recover(&outbox, &state, &|_| false).unwrap().is_empty());
+        assert!(recover(&outbox, &state, &|_| false, &record).unwrap().is_empty());
         // A marker of a scene that had completed (queued for delivery): the folder stays.
         std::mem::forget(InFlight::start(&state, &h, "t", "m").unwrap());
-        let found = recover(&outbox, &state, &|f| f == h.as_path()).unwrap();
+        let found = recover(&outbox, &state, &|f| f == h.as_path(), &record).unwrap();
         assert!(found[0].completed && found[0].moved_to.is_none() && h.is_dir());
     }
 }

@@ -108,13 +108,9 @@ async fn run(config: Config) -> Result<(), DaemonError> {
     let queue = delivery.as_ref().map(|d| d.queue.clone());
     // A scene with a journal to resume from stays in place, like one that had completed.
     let completed = |f: &Path| queue.as_ref().is_some_and(|q| q.holds_scene(f)) || journal::resumable(&config.state, f);
-    for i in outbox::recover(&config.outbox, &config.state, &completed)? {
-        // What the interrupted scene committed and queued is delivered from where it went.
-        if let (Some(q), Some(to)) = (&queue, &i.moved_to)
-            && let Err(e) = q.relocate(&i.folder, to)
-        {
-            log::event("warning", &error_chain(&e), serde_json::json!({"folder": i.folder}));
-        }
+    // What an interrupted scene committed and queued is delivered from where it goes.
+    let record = |from: &Path, to: &Path| outbox::relocate(queue.as_deref(), from, to);
+    for i in outbox::recover(&config.outbox, &config.state, &completed, &record)? {
         log::event(
             "recovered",
             &format!(

@@ -576,12 +576,8 @@ fn fail_after_start(
         "origin": origin,
         "error": error,
     });
-    let moved = outbox::move_aside(&ctx.outbox, folder, &record);
-    if let (Ok(to), Some(q)) = (&moved, &ctx.delivery)
-        && let Err(e) = q.relocate(folder, to)
-    {
-        log::event("warning", &error_chain(&e), serde_json::json!({"folder": folder}));
-    }
+    let relocate = |from: &Path, to: &Path| outbox::relocate(ctx.delivery.as_deref(), from, to);
+    let moved = outbox::move_aside(&ctx.outbox, folder, &record, &relocate);
     let (moved_to, note) = match &moved {
         Ok(to) => (serde_json::json!(to), format!("moved to {}", to.display())),
         Err(e) => (
