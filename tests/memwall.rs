@@ -235,6 +235,36 @@ fn a_limit_below_batch_one_is_a_clear_error_before_inference() {
     assert!(!out_dir.join("class_map.img").exists() && !out_dir.join("summary.json").exists());
 }
 
+#[test]
+fn a_fixed_batch_over_the_limit_is_a_clear_error_before_anything_is_allocated() {
+    if !available() {
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let cg = Cgroup::new("fixed", 300 * MIB);
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("o");
+    // Patch mode at 65,536 patches: one batch of 204 x 11 x 11 float32 inputs is 6.5 GB.
+    let args: Vec<String> = classify_args(&out_dir, &[])
+        .into_iter()
+        .filter(|a| a != "--no-knee")
+        .map(|a| match a.as_str() {
+            "auto" => "65536".into(),
+            "dense" => "patch".into(),
+            _ => a,
+        })
+        .collect();
+    let out = run_in(&cg, &args);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "clean error exit expected: {stderr}");
+    assert!(
+        stderr.contains("--batch 65536: at least") && stderr.contains("cgroup") && stderr.contains("--batch auto"),
+        "{stderr}"
+    );
+    assert_eq!(cg.oom_kills(), 0);
+    assert!(!out_dir.exists(), "nothing left behind");
+}
+
 /// Resident anonymous memory of process `pid` (`RssAnon` in /proc/PID/status), 0 once it is gone.
 fn rss_anon(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))

@@ -149,6 +149,22 @@ pub enum BudgetError {
         /// The accepted range.
         why: &'static str,
     },
+    /// A fixed batch whose least cost is over the budget.
+    #[error(
+        "--batch {batch}: at least {need_bytes} bytes by the model graph at {batch} {unit}s and the scene's maps, over the budget of {budget_bytes} bytes (binding source: {binding}); use a smaller --batch, or --batch auto"
+    )]
+    FixedBatch {
+        /// The batch asked for.
+        batch: u64,
+        /// `sample` or `tile`.
+        unit: Unit,
+        /// The least the run holds.
+        need_bytes: u64,
+        /// Budget after the reserve.
+        budget_bytes: u64,
+        /// The source that bound the budget.
+        binding: String,
+    },
     /// Not even one unit fits in the budget.
     #[error(
         "not even one {unit} fits: usable {usable_bytes} bytes (budget {budget_bytes} less fragmentation margin) < fixed {fixed_bytes} + per-{unit} {per_unit_bytes} (binding source: {binding}){}", .unit.remedy()

@@ -98,20 +98,7 @@ pub fn auto_batch(
     let root = settings.root.as_path();
     let grid = crate::tile::TileGrid::new(cube.lines, cube.samples, run.tile, manifest.halo);
     let bands = cube.bands;
-    let (unit, in_per_unit, bindings) = match run.mode {
-        Mode::Patch => (
-            Unit::Sample,
-            bands * manifest.patch * manifest.patch,
-            ShapeBindings::default(),
-        ),
-        Mode::Dense => {
-            let model = graph::load_model(graph.path())?;
-            let b = ShapeBindings::dense_tile(&model, grid.tile_h as u64, grid.tile_w as u64, grid.halo as u64);
-            (Unit::Tile, bands * grid.window_h() * grid.window_w(), b)
-        }
-    };
-    let gcost = graph::analyse_file(graph.path(), &bindings)?;
-    let prior = CostModel::from_graph(&gcost, unit, budget::DEFAULT_RUNTIME_OVERHEAD_BYTES);
+    let (unit, in_per_unit, gcost, prior) = graph_prior(cube, manifest, graph, run)?;
     let cfg = |own_bytes| BudgetConfig {
         reserve_bytes: settings.reserve_bytes,
         own_bytes,
@@ -426,6 +413,32 @@ pub fn auto_batch(
         knee_file: knee.map(|(_, p)| p),
         device,
     })
+}
+
+/// What a unit of the batch is, its input floats, and the graph's own cost model for the scene's
+/// shapes (a lower bound: the runtime's workspaces come on top).
+pub(super) fn graph_prior(
+    cube: &SceneGeometry,
+    manifest: &Manifest,
+    graph: &Graph,
+    run: &RunOptions,
+) -> Result<(Unit, usize, graph::GraphCost, CostModel), JobError> {
+    let grid = crate::tile::TileGrid::new(cube.lines, cube.samples, run.tile, manifest.halo);
+    let (unit, in_per_unit, bindings) = match run.mode {
+        Mode::Patch => (
+            Unit::Sample,
+            cube.bands * manifest.patch * manifest.patch,
+            ShapeBindings::default(),
+        ),
+        Mode::Dense => {
+            let model = graph::load_model(graph.path())?;
+            let b = ShapeBindings::dense_tile(&model, grid.tile_h as u64, grid.tile_w as u64, grid.halo as u64);
+            (Unit::Tile, cube.bands * grid.window_h() * grid.window_w(), b)
+        }
+    };
+    let gcost = graph::analyse_file(graph.path(), &bindings)?;
+    let prior = CostModel::from_graph(&gcost, unit, budget::DEFAULT_RUNTIME_OVERHEAD_BYTES);
+    Ok((unit, in_per_unit, gcost, prior))
 }
 
 /// The calibration probes' batch sizes: a per-pixel model's `sample_sizes`, or 1, 4 and 8 tiles,

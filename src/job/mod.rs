@@ -230,7 +230,10 @@ impl Job {
                 run.batch = usize::try_from(auto.plan.batch_safe).unwrap_or(usize::MAX);
                 Some(auto)
             }
-            BatchChoice::Fixed(_) => None,
+            BatchChoice::Fixed(_) => {
+                fixed::check(&SceneGeometry::of(&cube), &manifest, &graph, &run, &spec.budget)?;
+                None
+            }
         };
         if runtime.provider().on_gpu() {
             // The governor's re-cut batches and the partial last batch run padded to a bucket.
@@ -549,6 +552,7 @@ pub fn gpu_bounded(engine: &EngineOptions, budget: &BudgetSettings) -> EngineOpt
 
 mod auto;
 mod device;
+mod fixed;
 mod governor;
 mod labels;
 mod plan;
