@@ -103,6 +103,14 @@ pub struct Cube {
     warnings: Vec<String>,
 }
 
+/// ENVI fields that scale or mask the stored values, which a run does not apply.
+const UNAPPLIED: [&str; 4] = [
+    "data gain values",
+    "data offset values",
+    "reflectance scale factor",
+    "data ignore value",
+];
+
 impl Cube {
     /// Opens a cube from its header or data file path.
     ///
@@ -149,6 +157,14 @@ impl Cube {
                 data_path.display(),
                 header_path.display(),
                 actual - expected
+            ));
+        }
+        // Fields that change what the stored numbers mean are kept in outputs but not applied:
+        // the model sees the numbers as stored, as its normalisation was fitted on them.
+        for (key, _) in header.extra.iter().filter(|(k, _)| UNAPPLIED.contains(&k.as_str())) {
+            warnings.push(format!(
+                "{}: field `{key}` is not applied; the model sees the values as stored",
+                header_path.display()
             ));
         }
         let map = crate::ffi::map_readonly(&file).map_err(|source| CubeError::Io {
@@ -588,6 +604,26 @@ mod tests {
                 described + 100,
                 hdr.display()
             )]
+        );
+    }
+
+    #[test]
+    fn fields_that_scale_the_values_are_named_in_a_warning_as_not_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let hdr = write_cube(dir.path(), Interleave::Bil, DataType::I16, ByteOrder::Little);
+        let text = std::fs::read_to_string(&hdr).unwrap();
+        std::fs::write(
+            &hdr,
+            format!("{text}Data  Gain Values = {{2, 2}}\nreflectance scale factor = 10000\n"),
+        )
+        .unwrap();
+        let cube = Cube::open(&hdr).unwrap();
+        let w = cube.warnings();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("field `data gain values` is not applied"), "{w:?}");
+        assert!(
+            w[1].contains("field `reflectance scale factor` is not applied"),
+            "{w:?}"
         );
     }
 
