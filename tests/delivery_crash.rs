@@ -189,10 +189,8 @@ fn kill_9_at_random_points_loses_nothing_and_resends_keep_their_sequence() {
     );
 }
 
-#[test]
-fn spooled_cubes_held_by_a_delivery_outage_are_not_failed_by_restarts() {
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+/// A spool daemon's configuration with one socket subscriber and a delivery queue of one segment.
+fn spool_config(d: &Path) {
     std::fs::write(
         d.join("hsiedge.toml"),
         format!(
@@ -206,12 +204,25 @@ fn spooled_cubes_held_by_a_delivery_outage_are_not_failed_by_restarts() {
         ),
     )
     .unwrap();
+}
+
+/// Four small cubes for the spool, `c1` to `c4`.
+fn four_cubes(d: &Path) -> (std::path::PathBuf, [&'static str; 4]) {
     let cubes = d.join("cubes");
     std::fs::create_dir_all(&cubes).unwrap();
     let names = ["c1", "c2", "c3", "c4"];
     for n in names {
         tiny_cube(&cubes, n, SEGMENT, 8);
     }
+    (cubes, names)
+}
+
+#[test]
+fn spooled_cubes_held_by_a_delivery_outage_are_not_failed_by_restarts() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    spool_config(d);
+    let (cubes, names) = four_cubes(d);
     // No subscriber: the queue holds one segment and the next scene waits for room, the ones
     // after it in the model's queue. Four kills: more than the three started runs a cube that
     // crashes the daemon is allowed.
@@ -246,4 +257,46 @@ fn spooled_cubes_held_by_a_delivery_outage_are_not_failed_by_restarts() {
     let failed = d.join("spool/failed");
     let failed: Vec<_> = std::fs::read_dir(&failed).map_or(Vec::new(), |r| r.flatten().map(|e| e.path()).collect());
     assert!(failed.is_empty(), "{failed:?}");
+}
+
+#[test]
+fn a_drain_leaves_the_cubes_it_has_not_started_in_the_spool() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    spool_config(d);
+    let (cubes, names) = four_cubes(d);
+    let daemon = Daemon::start(d);
+    for n in names {
+        drop_in_spool(&d.join("spool/incoming"), &cubes.join(format!("{n}.hdr")), n);
+    }
+    // c1 is queued; the queue is full, so the cubes after it wait in the model's queue.
+    daemon.wait_for("delivery_full", |_| true, Duration::from_secs(60));
+    daemon.signal("TERM");
+    let log = daemon.log.clone();
+    assert_eq!(daemon.wait(Duration::from_secs(60)), Some(0));
+    let left: Vec<String> = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|v| v["event"] == "left")
+        .filter_map(|v| v["scene_id"].as_str().map(String::from))
+        .collect();
+    assert!(!left.is_empty(), "a drain starts no queued cube");
+    for n in &left {
+        assert!(!d.join("spool/done").join(n).exists() && !d.join("spool/failed").join(n).exists());
+    }
+    // The next start takes them up and delivers everything.
+    let daemon = Daemon::start(d);
+    let received = subscribe(d, &d.join("sub"), names.len());
+    assert_eq!(received.len(), names.len(), "{received:?}");
+    for n in &left {
+        daemon.wait_for(
+            "spool",
+            |v| v["scene"] == n.as_str() && v["ok"] == true,
+            Duration::from_secs(60),
+        );
+    }
+    for n in names {
+        assert!(d.join("spool/done").join(n).is_dir(), "{n} in done/");
+    }
 }

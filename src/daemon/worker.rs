@@ -29,6 +29,7 @@ use crate::engine::error_chain;
 use crate::job::{ModelSession, Resume, SessionBatch, anon_bytes, with_peak_anon};
 use crate::map::SegmentOptions;
 use crate::pipeline::Mode;
+use crate::source::spool::AttemptMark;
 use crate::source::{LineSource, LineStatus, SceneInfo, SourceError, SourceStats};
 
 /// What every worker shares: where scenes go and where progress is reported.
@@ -178,6 +179,20 @@ fn work(
     loop {
         wait_for_intake(ctx, model);
         let Ok(job) = rx.recv() else { break };
+        if ctx.draining.load(Ordering::Acquire) && job.scene.durable_input() {
+            // A spooled cube not yet started stays where it is, for the next start: a drain
+            // finishes the scenes in flight, not every cube the spool handed over.
+            log::event(
+                "left",
+                &format!(
+                    "scene `{}`: not started before the drain; left in the spool for the next start",
+                    job.info.id
+                ),
+                serde_json::json!({"scene_id": job.info.id, "model": model}),
+            );
+            drop(job);
+            continue;
+        }
         // The pause may have begun while this worker waited for the scene: its lines stay unread.
         wait_for_intake(ctx, model);
         if run_scene(&mut session, model, job, ctx).is_err() {
@@ -351,7 +366,17 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                     enqueue(q, &labels, model, &info, &folder, rec, last, &waiting);
                 }
                 // Journalled once queued: a resume never skips a segment that was not queued.
-                if let Err(e) = replay::lock(&journal).segment(rec, last) {
+                let journalled_now = replay::lock(&journal).segment(rec, last);
+                if journalled_now.is_ok()
+                    && let Some(Err(e)) = mark.as_ref().map(AttemptMark::progressed)
+                {
+                    log::event(
+                        "warning",
+                        &format!("scene `{}`: {}", info.id, error_chain(&e)),
+                        serde_json::json!({"scene_id": info.id}),
+                    );
+                }
+                if let Err(e) = journalled_now {
                     log::event(
                         "warning",
                         &format!(

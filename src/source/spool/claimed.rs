@@ -106,7 +106,7 @@ impl Claimed {
     pub fn attempt_mark(&self) -> AttemptMark {
         AttemptMark {
             path: self.dir.join(ATTEMPTS),
-            started: self.attempts,
+            started: self.attempts.into(),
         }
     }
 
@@ -144,22 +144,29 @@ impl Claimed {
 }
 
 /// The attempts record of a started run. A run that waits for room downstream (a delivery
-/// outage) is not processing its cube, so the process dying then is not charged to the cube.
-#[derive(Debug, Clone)]
+/// outage) is not processing its cube, so the process dying then is not charged to the cube;
+/// and a run that commits a segment has shown the cube gets that far (a resume starts after it),
+/// so the runs before it are forgiven.
+#[derive(Debug)]
 pub struct AttemptMark {
     path: PathBuf,
-    started: u32,
+    started: std::sync::atomic::AtomicU32,
 }
 
 impl AttemptMark {
     /// Records (synced) that the run waits (`true`: not charged while it does) or goes on.
     pub fn waiting(&self, waiting: bool) -> Result<(), SpoolError> {
-        let n = if waiting {
-            self.started.saturating_sub(1)
-        } else {
-            self.started
-        };
+        let started = self.started.load(std::sync::atomic::Ordering::Relaxed);
+        let n = if waiting { started.saturating_sub(1) } else { started };
         write_synced(&self.path, format!("{n}\n").as_bytes())
+    }
+
+    /// Records (synced) that the run committed a segment: only this run counts from now on.
+    pub fn progressed(&self) -> Result<(), SpoolError> {
+        if self.started.swap(1, std::sync::atomic::Ordering::Relaxed) == 1 {
+            return Ok(());
+        }
+        write_synced(&self.path, b"1\n")
     }
 }
 

@@ -414,3 +414,21 @@ fn after_an_empty_scan_the_wait_looks_again_only_after_a_poll() {
     assert_eq!(spool.wait_ready(Duration::from_secs(5)).unwrap(), Wait::Ready);
     assert!(start.elapsed() < Duration::from_millis(300), "{:?}", start.elapsed());
 }
+
+#[test]
+fn a_run_that_commits_a_segment_forgives_the_runs_before_it() {
+    let root = tempfile::tempdir().unwrap();
+    let mut spool = Spool::open(root.path(), quick()).unwrap();
+    deliver(spool.incoming(), "long", 1);
+    let mut c = spool.claim_next().unwrap().unwrap();
+    c.start().unwrap();
+    // Stopped mid-run (a drain that ran out of time), twice.
+    drop(c);
+    let mut c = spool.claim_next().unwrap().unwrap();
+    assert_eq!(c.start().unwrap(), 2);
+    c.attempt_mark().progressed().unwrap();
+    drop(c);
+    let mut c = spool.claim_next().unwrap().unwrap();
+    assert_eq!(c.attempts(), 1, "only the run that got further counts");
+    assert_eq!(c.start().unwrap(), 2);
+}
