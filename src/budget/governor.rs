@@ -9,7 +9,8 @@
 //! * budget below what the current batch needs: shrink at once to the new `B_safe` (before the
 //!   next run, so the run that would cross the wall never starts);
 //! * budget healthy and no memory pressure: grow by `grow_factor` (at least +1), never above
-//!   the new `B_safe` nor the starting batch;
+//!   the new `B_safe` nor the starting batch, and only once `B_safe` is a twentieth of the batch
+//!   (at least one unit) above it;
 //! * not even one unit fits: set 1 and report [`Cause::Exhausted`] every check, so the caller
 //!   can pause instead of running into the OOM killer.
 
@@ -218,10 +219,10 @@ impl Governor {
         }
         let pressured = avg10.is_some_and(|v| v >= self.cfg.psi_threshold);
         // validate() passed in new(), so this cannot fail; treat a failure as "nothing fits".
-        let fit = safe_units(budget_bytes, &self.cost, &self.cfg.choose)
+        let fits = safe_units(budget_bytes, &self.cost, &self.cfg.choose)
             .map(|c| c.units_safe)
-            .unwrap_or(0)
-            .min(self.ceiling);
+            .unwrap_or(0);
+        let fit = fits.min(self.ceiling);
         let keep = 1.0 - self.cfg.choose.frag_margin;
         let needed_bytes = (self.cost.predict(self.current) as f64 / keep).ceil() as u64;
         let old = self.current;
@@ -230,6 +231,12 @@ impl Governor {
         } else if fit < old {
             (fit, Cause::BudgetFell)
         } else if old < self.ceiling && !pressured {
+            // A dead band: growth waits until a twentieth of the batch (at least one unit) more
+            // fits, so a budget wavering by a unit does not cut and grow the batch in turn (each
+            // new shape may cost an algorithm search or an engine build on a GPU).
+            if fits < old.saturating_add((old / 20).max(1)) {
+                return None;
+            }
             let grown = ((old as f64) * self.cfg.grow_factor).ceil() as u64;
             let new = grown.max(old + 1).min(fit);
             if new == old {
@@ -316,6 +323,20 @@ mod tests {
         assert_eq!(g.observe(1000 * MIB, Some(&psi(25.0))), None);
         assert_eq!(g.current(), 60);
         assert_eq!(g.observe(1000 * MIB, Some(&psi(1.0))).map(|a| a.new), Some(75));
+    }
+
+    #[test]
+    fn a_budget_wavering_by_a_unit_cuts_the_batch_once_and_does_not_grow_it_back() {
+        let mut g = gov();
+        g.observe(450 * MIB, None);
+        assert_eq!(g.current(), 350);
+        let changes: Vec<u64> = [449, 450, 449, 450, 449, 450]
+            .iter()
+            .filter_map(|&b| g.observe(b * MIB, None).map(|a| a.new))
+            .collect();
+        assert_eq!(changes, [349]);
+        // A real recovery still grows it.
+        assert_eq!(g.observe(1000 * MIB, None).map(|a| a.new), Some(400));
     }
 
     #[test]

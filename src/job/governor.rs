@@ -90,15 +90,24 @@ impl BudgetGovernor {
     /// Re-reads the host budget and applies the governor's change, waiting while nothing fits.
     fn check_host(&mut self) {
         let mut change = self.check();
-        // Nothing fits: wait for memory to come back (up to 5 s) rather than run into the wall.
-        let mut waits = 0;
-        while change.as_ref().is_some_and(|c| c.cause == budget::Cause::Exhausted) && waits < 50 {
+        // Nothing fits: wait for memory to come back rather than run into the wall, looking
+        // again after 0.1 s, then less often up to every 2 s, for up to EXHAUSTED_WAIT.
+        let started = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(100);
+        while change.as_ref().is_some_and(|c| c.cause == budget::Cause::Exhausted) {
+            if started.elapsed() >= EXHAUSTED_WAIT {
+                eprintln!(
+                    "hsiedge: warning: no memory came back in {} s: going on at batch 1, whose buffers the run holds already",
+                    EXHAUSTED_WAIT.as_secs()
+                );
+                break;
+            }
             if let Some(c) = change.take() {
                 eprintln!("hsiedge: {c}; waiting for memory");
                 self.changes.push(c);
             }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            waits += 1;
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_secs(2));
             change = self.check();
         }
         if let Some(c) = change {
@@ -107,6 +116,9 @@ impl BudgetGovernor {
         }
     }
 }
+
+/// How long a run waits for memory to come back when not even one unit fits.
+const EXHAUSTED_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl pipeline::Adapt for BudgetGovernor {
     fn after_batch(&mut self, batches_done: u64, current: usize) -> usize {
