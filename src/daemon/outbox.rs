@@ -42,7 +42,11 @@ pub fn claim(outbox: &Path, id: &str) -> Result<PathBuf, DaemonError> {
         let name = if n == 1 { id.to_string() } else { format!("{id}+{n}") };
         let dir = outbox.join(&name);
         match std::fs::create_dir(&dir) {
-            Ok(()) => return Ok(dir),
+            Ok(()) => {
+                // Journal and queue records name the folder: its entry is on disk first.
+                std::fs::File::open(outbox).and_then(|d| d.sync_all()).map_err(io(outbox))?;
+                return Ok(dir);
+            }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
             Err(e) => return Err(io(&dir)(e)),
         }

@@ -561,15 +561,17 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
             (false, true)
         }
     };
-    // The scene is over, written or moved aside: nothing is left to resume.
+    // The scene is over, written or moved aside: nothing is left to resume. The marker goes
+    // first: a marker left without its journal would have the next start move a finished scene
+    // aside, where a journal left without its marker is only pruned.
+    if let Err(e) = marker.finish() {
+        log::event("warning", &error_chain(&e), serde_json::Value::Null);
+    }
     if let Err(e) = journal
         .into_inner()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
         .finish()
     {
-        log::event("warning", &error_chain(&e), serde_json::Value::Null);
-    }
-    if let Err(e) = marker.finish() {
         log::event("warning", &error_chain(&e), serde_json::Value::Null);
     }
     scene.release(ok);
