@@ -22,10 +22,23 @@ impl MemoryCap {
     /// `bytes` with swap off. Needs root (or a delegated cgroup).
     pub fn new(root: &Path, bytes: u64) -> Result<Self, BudgetError> {
         let v1 = root.join("sys/fs/cgroup/memory");
+        let unified = root.join("sys/fs/cgroup");
         let (base, v2) = if v1.join("memory.limit_in_bytes").is_file() {
             (v1, false)
         } else {
-            (root.join("sys/fs/cgroup"), true)
+            // A v2 hierarchy that offers the memory controller; anything else (a hybrid layout's
+            // tmpfs) would take a folder and a plain file and cap nothing.
+            let controllers = unified.join("cgroup.controllers");
+            let memory =
+                std::fs::read_to_string(&controllers).is_ok_and(|t| t.split_whitespace().any(|c| c == "memory"));
+            if !memory {
+                return Err(BudgetError::Io {
+                    op: "finding a memory cgroup controller (v1 memory/ or v2 with `memory` in)",
+                    path: controllers,
+                    source: std::io::ErrorKind::NotFound.into(),
+                });
+            }
+            (unified, true)
         };
         let path = base.join(format!("hsiedge-wall-{}", std::process::id()));
         std::fs::create_dir(&path).map_err(|source| BudgetError::Io {
@@ -104,8 +117,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let e = MemoryCap::new(dir.path(), 1 << 20).unwrap_err().to_string();
         assert!(
-            e.contains("sys/fs/cgroup/hsiedge-wall-") && e.contains("needs root"),
+            e.contains("sys/fs/cgroup/cgroup.controllers") && e.contains("memory cgroup controller"),
             "{e}"
+        );
+        // A v2 hierarchy without the memory controller (or a hybrid layout's tmpfs) is refused
+        // the same way; with it, the cap is a child cgroup whose creation needs root.
+        let unified = dir.path().join("sys/fs/cgroup");
+        std::fs::create_dir_all(&unified).unwrap();
+        std::fs::write(unified.join("cgroup.controllers"), "cpu io pids\n").unwrap();
+        assert!(MemoryCap::new(dir.path(), 1 << 20).is_err());
+        assert!(std::fs::read_dir(&unified).unwrap().count() == 1, "no folder made");
+        std::fs::write(unified.join("cgroup.controllers"), "cpu io memory pids\n").unwrap();
+        let cap = MemoryCap::new(dir.path(), 1 << 20).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(cap.path().join("memory.max")).unwrap(),
+            (1u64 << 20).to_string()
         );
     }
 

@@ -44,7 +44,9 @@ pub fn claim(outbox: &Path, id: &str) -> Result<PathBuf, DaemonError> {
         match std::fs::create_dir(&dir) {
             Ok(()) => {
                 // Journal and queue records name the folder: its entry is on disk first.
-                std::fs::File::open(outbox).and_then(|d| d.sync_all()).map_err(io(outbox))?;
+                std::fs::File::open(outbox)
+                    .and_then(|d| d.sync_all())
+                    .map_err(io(outbox))?;
                 return Ok(dir);
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
