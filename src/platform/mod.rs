@@ -111,13 +111,12 @@ mod tests {
 
     #[test]
     fn numbers_absent_bad_and_good() {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string());
-        let Ok(dir) = dir else { return };
+        let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("n");
         assert!(matches!(read_number(&p, "an integer"), Ok(None)));
-        std::fs::write(&p, "42\n").ok();
+        std::fs::write(&p, "42\n").unwrap();
         assert!(matches!(read_number(&p, "an integer"), Ok(Some(42))));
-        std::fs::write(&p, "4x\n").ok();
+        std::fs::write(&p, "4x\n").unwrap();
         let err = read_number(&p, "an integer in millivolts").map(|_| ()).err();
         let msg = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(msg.contains("`4x` is not an integer in millivolts"), "{msg}");

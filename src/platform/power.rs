@@ -42,18 +42,12 @@ impl Rail {
     }
 
     /// Re-reads voltage and current. A value file that vanished leaves `None`; one that cannot
-    /// be read or holds no integer is an error naming it.
+    /// be read or holds no integer is an error naming it. The INA3221's readings are signed: a
+    /// negative one (a rail at rest reads a little below zero) counts as 0.
     pub fn refresh(&mut self) -> Result<(), PlatformError> {
         let read = |file: String| -> Result<Option<u64>, PlatformError> {
             let path = self.hwmon.join(file);
-            match read_number(&path, "an unsigned integer")? {
-                Some(v) => u64::try_from(v).map(Some).map_err(|_| PlatformError::BadValue {
-                    path,
-                    value: v.to_string(),
-                    expected: "an unsigned integer",
-                }),
-                None => Ok(None),
-            }
+            Ok(read_number(&path, "an integer")?.map(at_least_zero))
         };
         self.millivolts = read(format!("in{}_input", self.channel))?;
         self.milliamps = read(format!("curr{}_input", self.channel))?;
@@ -88,7 +82,11 @@ pub fn find_rails(root: &Path) -> Vec<Rail> {
                 let Some(label) = read_trimmed(&f) else {
                     continue;
                 };
-                let num = |file: String| read_trimmed(&hwmon.join(file)).and_then(|s| s.parse::<u64>().ok());
+                let num = |file: String| {
+                    read_trimmed(&hwmon.join(file))
+                        .and_then(|s| s.parse::<i64>().ok())
+                        .map(at_least_zero)
+                };
                 rails.push(Rail {
                     label,
                     hwmon: hwmon.clone(),
@@ -103,7 +101,8 @@ pub fn find_rails(root: &Path) -> Vec<Rail> {
 }
 
 /// The module's total power in milliwatts: the `VDD_IN` rail where there is one (Orin NX and
-/// Nano), else the sum of every supply rail (AGX Orin). `None` when no rail was read.
+/// Nano), else the sum of every supply rail (AGX Orin). `None` when a rail it needs was not read:
+/// a sum missing a rail would read as a lower power, not as a gap.
 pub fn module_total_milliwatts(rails: &[Rail]) -> Option<u64> {
     if let Some(total) = rails.iter().find(|r| r.label == TOTAL_RAIL) {
         return total.milliwatts();
@@ -111,8 +110,14 @@ pub fn module_total_milliwatts(rails: &[Rail]) -> Option<u64> {
     rails
         .iter()
         .filter(|r| r.is_supply())
-        .filter_map(Rail::milliwatts)
-        .fold(None, |acc, mw| Some(acc.unwrap_or(0) + mw))
+        .try_fold(None, |acc: Option<u64>, r| {
+            Some(Some(acc.unwrap_or(0) + r.milliwatts()?))
+        })
+        .flatten()
+}
+
+fn at_least_zero(v: i64) -> u64 {
+    u64::try_from(v).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -178,25 +183,33 @@ mod tests {
             module_total_milliwatts(&[rail("A", Some(5000), Some(100)), rail("B", Some(1000), Some(1000))]),
             Some(1500)
         );
+        // A sum missing a supply rail would read as less power: no total instead.
+        assert_eq!(
+            module_total_milliwatts(&[rail("A", Some(5000), Some(100)), rail("B", Some(1000), None)]),
+            None
+        );
     }
 
     #[test]
     fn refresh_reads_new_values_and_names_a_bad_file() {
-        let dir = tempfile::tempdir().map_err(|e| e.to_string());
-        let Ok(dir) = dir else { return };
+        let dir = tempfile::tempdir().unwrap();
         let hw = dir.path().join("sys/bus/i2c/devices/1-0040/hwmon/hwmon3");
-        std::fs::create_dir_all(&hw).ok();
-        std::fs::write(hw.join("in1_label"), "VDD_IN\n").ok();
-        std::fs::write(hw.join("in1_input"), "5000\n").ok();
-        std::fs::write(hw.join("curr1_input"), "1000\n").ok();
+        std::fs::create_dir_all(&hw).unwrap();
+        std::fs::write(hw.join("in1_label"), "VDD_IN\n").unwrap();
+        std::fs::write(hw.join("in1_input"), "5000\n").unwrap();
+        std::fs::write(hw.join("curr1_input"), "1000\n").unwrap();
         let mut rails = find_rails(dir.path());
         assert_eq!(rails.len(), 1);
         assert_eq!(rails[0].milliwatts(), Some(5000));
-        std::fs::write(hw.join("curr1_input"), "2000\n").ok();
+        std::fs::write(hw.join("curr1_input"), "2000\n").unwrap();
         assert!(rails[0].refresh().is_ok());
         assert_eq!(rails[0].milliwatts(), Some(10000));
-        std::fs::write(hw.join("curr1_input"), "-5\n").ok();
+        // A rail at rest reads a little below zero.
+        std::fs::write(hw.join("curr1_input"), "-5\n").unwrap();
+        assert!(rails[0].refresh().is_ok());
+        assert_eq!(rails[0].milliwatts(), Some(0));
+        std::fs::write(hw.join("curr1_input"), "x\n").unwrap();
         let msg = rails[0].refresh().err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(msg.contains("curr1_input") && msg.contains("`-5`"), "{msg}");
+        assert!(msg.contains("curr1_input") && msg.contains("`x`"), "{msg}");
     }
 }
