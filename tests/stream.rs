@@ -347,16 +347,23 @@ fn bad_options_fail_before_connecting() {
         (vec!["--scene-id", "a/b"], "scene id `a/b`: holds a path separator"),
         (vec!["--model", "../m"], "field `model`"),
         (vec!["--drop", "10"], "--drop 10: the scene has 10 lines"),
-        (vec!["--rate=-1"], "--rate -1"),
     ] {
-        let mut all = vec!["simulate-sensor", "--scene", hdr, "--connect", &nowhere];
-        if !args[0].starts_with("--rate") {
-            all.extend(["--rate", "0"]);
-        }
+        let mut all = vec!["simulate-sensor", "--scene", hdr, "--connect", &nowhere, "--rate", "0"];
         all.extend(args);
         let err = fails(&all);
         assert!(err.contains(want), "{all:?}: {err}");
         assert!(!err.contains("connecting"), "{all:?}: {err}");
+    }
+    // A rate no timer holds is a usage error (exit 2) naming the flag and the value.
+    for bad in ["-1", "1e-300", "nan"] {
+        let rate = format!("--rate={bad}");
+        let o = common::run(&["simulate-sensor", "--scene", hdr, "--connect", &nowhere, &rate]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("--rate") && err.contains(bad) && !err.contains("connecting"),
+            "{err}"
+        );
     }
     let err = fails(&["simulate-sensor", "--scene", hdr, "--rate", "0", "--connect", &nowhere]);
     assert!(err.contains(&format!("connecting to {nowhere}")), "{err}");

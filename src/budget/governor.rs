@@ -10,7 +10,7 @@
 //!   next run, so the run that would cross the wall never starts);
 //! * budget healthy and no memory pressure: grow by `grow_factor` (at least +1), never above
 //!   the new `B_safe` nor the starting batch, and only once `B_safe` is a twentieth of the batch
-//!   (at least one unit) above it;
+//!   (at least one unit) above it or back at the starting batch;
 //! * not even one unit fits: set 1 and report [`Cause::Exhausted`] every check, so the caller
 //!   can pause instead of running into the OOM killer.
 
@@ -232,9 +232,9 @@ impl Governor {
             (fit, Cause::BudgetFell)
         } else if old < self.ceiling && !pressured {
             // A dead band: growth waits until a twentieth of the batch (at least one unit) more
-            // fits, so a budget wavering by a unit does not cut and grow the batch in turn (each
+            // fits, or the starting batch does, so a budget wavering by a unit does not cut and grow the batch in turn (each
             // new shape may cost an algorithm search or an engine build on a GPU).
-            if fits < old.saturating_add((old / 20).max(1)) {
+            if fits < old.saturating_add((old / 20).max(1)).min(self.ceiling) {
                 return None;
             }
             let grown = ((old as f64) * self.cfg.grow_factor).ceil() as u64;
