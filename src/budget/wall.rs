@@ -29,13 +29,16 @@ impl MemoryCap {
             // A v2 hierarchy that offers the memory controller; anything else (a hybrid layout's
             // tmpfs) would take a folder and a plain file and cap nothing.
             let controllers = unified.join("cgroup.controllers");
-            let memory =
-                std::fs::read_to_string(&controllers).is_ok_and(|t| t.split_whitespace().any(|c| c == "memory"));
-            if !memory {
+            let found = match std::fs::read_to_string(&controllers) {
+                Ok(t) if t.split_whitespace().any(|c| c == "memory") => Ok(()),
+                Ok(_) => Err(std::io::Error::other("the memory controller is not listed")),
+                Err(e) => Err(e),
+            };
+            if let Err(source) = found {
                 return Err(BudgetError::Io {
                     op: "finding a memory cgroup controller (v1 memory/ or v2 with `memory` in)",
                     path: controllers,
-                    source: std::io::ErrorKind::NotFound.into(),
+                    source,
                 });
             }
             (unified, true)
@@ -133,6 +136,10 @@ mod tests {
             std::fs::read_to_string(cap.path().join("memory.max")).unwrap(),
             (1u64 << 20).to_string()
         );
+        // A real cgroup's files go with its folder; these are plain files.
+        for f in ["memory.max", "memory.swap.max"] {
+            let _ = std::fs::remove_file(cap.path().join(f));
+        }
     }
 
     #[test]

@@ -343,9 +343,18 @@ impl Journal {
     }
 
     /// The scene is over: the journal and any recorded input go.
-    pub fn finish(self) -> Result<(), DaemonError> {
+    pub fn finish(mut self) -> Result<(), DaemonError> {
+        self.abandon()
+    }
+
+    /// Removes the journal now (its scene failed: nothing of it is resumed); [`Journal::finish`]
+    /// after it has nothing left to do.
+    pub fn abandon(&mut self) -> Result<(), DaemonError> {
         remove_input(&self.path);
-        std::fs::remove_file(&self.path).map_err(io(&self.path))
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(io(&self.path)(e)),
+            _ => Ok(()),
+        }
     }
 }
 

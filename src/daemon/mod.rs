@@ -19,6 +19,7 @@ pub mod check;
 pub mod config;
 pub mod conn;
 pub mod control;
+mod failed;
 pub mod intake;
 pub mod journal;
 pub mod listen;

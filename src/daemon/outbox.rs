@@ -94,8 +94,9 @@ pub fn move_aside(
         let _ = record(&to, folder);
         return Err(io(folder)(e));
     }
+    // The move is done: a folder sync that fails (the disk, not the move) does not undo it.
     for d in [&failed, &outbox.to_path_buf()] {
-        std::fs::File::open(d).and_then(|f| f.sync_all()).map_err(io(d))?;
+        let _ = std::fs::File::open(d).and_then(|f| f.sync_all());
     }
     Ok(to)
 }
@@ -152,6 +153,8 @@ pub struct Interrupted {
     pub moved_to: Option<PathBuf>,
     /// The scene had completed (its segments were queued for delivery) before the process ended.
     pub completed: bool,
+    /// Why it could not be moved aside (it stays, with its marker, for the next start).
+    pub not_moved: Option<String>,
 }
 
 /// Moves aside the scenes a previous process left in flight (killed, or cut off by a drain that
@@ -174,20 +177,31 @@ pub fn recover(
         // Only a plain name that could be a scene's folder is followed; a stray file is removed.
         let plausible = name.to_str().is_some_and(|n| !n.starts_with('.') && !n.contains('/'));
         let done = plausible && completed(&folder);
+        let mut not_moved = None;
         let moved_to = if plausible && !done && folder.is_dir() {
             let error = serde_json::json!({
                 "error": "interrupted: the daemon stopped while this scene was in flight (killed, or \
                           its drain timed out); its committed segments are kept here",
             });
-            Some(move_aside(outbox, &folder, &error, record)?)
+            match move_aside(outbox, &folder, &error, record) {
+                Ok(to) => Some(to),
+                Err(e) => {
+                    not_moved = Some(crate::engine::error_chain(&e));
+                    None
+                }
+            }
         } else {
             None
         };
-        std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
+        // A scene that could not be moved keeps its marker: the next start tries again.
+        if not_moved.is_none() {
+            std::fs::remove_file(entry.path()).map_err(io(&entry.path()))?;
+        }
         found.push(Interrupted {
             folder,
             moved_to,
             completed: done,
+            not_moved,
         });
     }
     Ok(found)

@@ -116,13 +116,14 @@ async fn run(config: Config) -> Result<(), DaemonError> {
             &format!(
                 "{}: in flight when the daemon last stopped; {}",
                 i.folder.display(),
-                match &i.moved_to {
-                    Some(p) => format!("moved to {}", p.display()),
-                    None if journal::resumable(&config.state, &i.folder) => {
+                match (&i.moved_to, &i.not_moved) {
+                    (_, Some(e)) => format!("could not be moved aside ({e}); the next start tries again"),
+                    (Some(p), None) => format!("moved to {}", p.display()),
+                    (None, None) if journal::resumable(&config.state, &i.folder) => {
                         "kept: its journal resumes it after its last committed segment when it comes again".into()
                     }
-                    None if i.completed => "it had completed and is queued for delivery".into(),
-                    None => "its folder was gone".into(),
+                    (None, None) if i.completed => "it had completed and is queued for delivery".into(),
+                    (None, None) => "its folder was gone".into(),
                 }
             ),
             serde_json::json!({"folder": i.folder, "moved_to": i.moved_to, "completed": i.completed}),

@@ -15,6 +15,7 @@ use crossbeam_channel::{Receiver, bounded};
 
 use super::DaemonError;
 use super::config::ModelConfig;
+use super::failed::{fail_after_start, fail_before_start};
 use super::intake::{Job, ModelRoute};
 use super::journal::{self, Journal};
 use super::log;
@@ -29,7 +30,6 @@ use crate::engine::error_chain;
 use crate::job::{ModelSession, Resume, SessionBatch, anon_bytes, with_peak_anon};
 use crate::map::SegmentOptions;
 use crate::pipeline::Mode;
-use crate::source::spool::AttemptMark;
 use crate::source::{LineSource, LineStatus, SceneInfo, SourceError, SourceStats};
 
 /// What every worker shares: where scenes go and where progress is reported.
@@ -185,7 +185,7 @@ fn work(
             log::event(
                 "left",
                 &format!(
-                    "scene `{}`: not started before the drain; left in the spool for the next start",
+                    "scene `{}`: not started before the drain; its input is kept for the next start",
                     job.info.id
                 ),
                 serde_json::json!({"scene_id": job.info.id, "model": model}),
@@ -368,7 +368,9 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 // Journalled once queued: a resume never skips a segment that was not queued.
                 let journalled_now = replay::lock(&journal).segment(rec, last);
                 if journalled_now.is_ok()
-                    && let Some(Err(e)) = mark.as_ref().map(AttemptMark::progressed)
+                    && let Some(Err(e)) = mark
+                        .as_ref()
+                        .map(|m| m.progressed(u32::try_from(rec.index + 1).unwrap_or(u32::MAX)))
                 {
                     log::event(
                         "warning",
@@ -540,7 +542,7 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
         Ok(Err(error)) => {
             // The failed run's batches in flight were never given back.
             session.reset_buffers();
-            fail_after_start(ctx, &info, model, &origin, &folder, &error, &memory);
+            fail_after_start(ctx, &journal, &info, model, &origin, &folder, &error, &memory);
             (false, false)
         }
         Err(panic) => {
@@ -551,6 +553,7 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
                 .unwrap_or_else(|| "a panic".into());
             fail_after_start(
                 ctx,
+                &journal,
                 &info,
                 model,
                 &origin,
@@ -576,57 +579,4 @@ fn run_scene(session: &mut ModelSession, model: &str, job: Job, ctx: &WorkerCont
     }
     scene.release(ok);
     if panicked { Err(()) } else { Ok(()) }
-}
-
-fn fail_before_start(ctx: &WorkerContext, info: &SceneInfo, model: &str, origin: &str, e: &DaemonError) {
-    ctx.status.count(|t| t.scenes_failed += 1);
-    log::event(
-        "scene_failed",
-        &format!("scene `{}` from {origin}: {}", info.id, error_chain(e)),
-        serde_json::json!({"scene_id": info.id, "model": model, "origin": origin, "error": error_chain(e)}),
-    );
-}
-
-fn fail_after_start(
-    ctx: &WorkerContext,
-    info: &SceneInfo,
-    model: &str,
-    origin: &str,
-    folder: &Path,
-    error: &str,
-    memory: &serde_json::Value,
-) {
-    ctx.status.count(|t| t.scenes_failed += 1);
-    let record = serde_json::json!({
-        "scene_id": info.id,
-        "model": model,
-        "origin": origin,
-        "error": error,
-    });
-    let relocate = |from: &Path, to: &Path| outbox::relocate(ctx.delivery.as_deref(), from, to);
-    let moved = outbox::move_aside(&ctx.outbox, folder, &record, &relocate);
-    let (moved_to, note) = match &moved {
-        Ok(to) => (serde_json::json!(to), format!("moved to {}", to.display())),
-        Err(e) => (
-            serde_json::Value::Null,
-            format!("could not be moved aside: {}", error_chain(e)),
-        ),
-    };
-    log::event(
-        "scene_failed",
-        &format!(
-            "scene `{}` from {origin}: {error}; its folder {} {note}",
-            info.id,
-            folder.display()
-        ),
-        serde_json::json!({
-            "scene_id": info.id,
-            "model": model,
-            "origin": origin,
-            "folder": folder,
-            "moved_to": moved_to,
-            "error": error,
-            "memory": memory,
-        }),
-    );
 }

@@ -10,8 +10,8 @@ use crate::model::{Manifest, Task};
 use crate::pipeline::RunOptions;
 
 /// Refuses `run.batch` where the graph's own tensors for it (a lower bound: the runtime's
-/// workspaces come on top), the batches queued beside it, the tile window and the scene's maps
-/// already exceed the budget.
+/// workspaces come on top; on the host only), the batches queued beside it, the tile window and
+/// the scene's maps already exceed the budget. A budget that cannot be read is a warning.
 pub fn check(
     cube: &SceneGeometry,
     manifest: &Manifest,
@@ -20,14 +20,31 @@ pub fn check(
     settings: &BudgetSettings,
 ) -> Result<(), JobError> {
     let (unit, in_per_unit, _, prior) = graph_prior(cube, manifest, graph, run)?;
-    let need = least_bytes(cube, manifest, run, unit, in_per_unit, prior.predict(run.batch as u64));
+    // On a GPU provider the graph's tensors live in device memory, which the host budget does
+    // not hold.
+    let graph_bytes = match graph.device() {
+        Some(_) => 0,
+        None => prior.predict(run.batch as u64),
+    };
+    let need = least_bytes(cube, manifest, run, unit, in_per_unit, graph_bytes);
     let root = settings.root.as_path();
     let config = BudgetConfig {
         reserve_bytes: settings.reserve_bytes,
         own_bytes: anon_bytes(root),
         device: None,
     };
-    let system = budget::read_system_budget(root, &config)?;
+    let system = match budget::read_system_budget(root, &config) {
+        Ok(s) => s,
+        Err(e) => {
+            // A fixed batch is the way to run where the budget cannot be read: said, not refused.
+            eprintln!(
+                "hsiedge: warning: --batch {}: the memory budget cannot be read ({}); the batch is not checked against it",
+                run.batch,
+                crate::engine::error_chain(&e)
+            );
+            return Ok(());
+        }
+    };
     if need > system.budget_bytes {
         return Err(BudgetError::FixedBatch {
             batch: run.batch as u64,

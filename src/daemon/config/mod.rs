@@ -207,6 +207,9 @@ impl<'de> Deserialize<'de> for RawBatch {
 }
 
 /// Defaults of the keys left out.
+/// The most workers a model may have for each CPU.
+const WORKERS_PER_CPU: usize = 4;
+
 pub mod defaults {
     /// `intake.segment_lines`.
     pub const SEGMENT_LINES: usize = 4096;
@@ -428,11 +431,12 @@ impl RawConfig {
             let tile = at_least_one("tile", m.tile, crate::job::DEFAULT_TILE)?;
             let workers = at_least_one("workers", m.workers, defaults::WORKERS)?;
             let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-            if workers > cpus {
+            if workers > WORKERS_PER_CPU * cpus {
                 return Err(bad(
                     &key("workers"),
                     format!(
-                        "{workers} workers on {cpus} CPUs: each holds a session of its own, and more than one a CPU only wait on each other"
+                        "{workers} workers on {cpus} CPUs: each holds a session of its own; at most {} (workers of a GPU model mostly wait on the device, so more than one a CPU can pay)",
+                        WORKERS_PER_CPU * cpus
                     ),
                 ));
             }

@@ -72,8 +72,9 @@ impl Resident {
         self.pending.clear();
         let mut marks = Marks::default();
         if self.queued {
-            // The stream is idle (the last run waited for its last labels), so the event's
-            // device time is the host's time of recording it.
+            // On an idle stream the event's device time is the host's time of recording it (a
+            // first run may still have its binding's work queued).
+            self.k.stream().synchronize().map_err(driver("cuStreamSynchronize"))?;
             let timed = Some(CUevent_flags::CU_EVENT_DEFAULT);
             let origin = self.k.stream().record_event(timed).map_err(driver("cuEventRecord"))?;
             marks.origin = Some((origin, start.elapsed().as_secs_f64()));

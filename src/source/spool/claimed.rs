@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::owner::OwnerDir;
 use super::{Held, SpoolError, io_err, sync_dir};
@@ -97,16 +98,19 @@ impl Claimed {
     /// only runs that started, so a scene that waited in a queue through a crash is not
     /// charged for it. Returns the attempts, this one included.
     pub fn start(&mut self) -> Result<u32, SpoolError> {
-        write_attempts(&self.dir, self.attempts + 1)?;
+        // Counted here even when the record cannot be written, so what this run writes later
+        // is not one short.
         self.attempts += 1;
+        write_attempts(&self.dir, self.attempts)?;
         Ok(self.attempts)
     }
 
     /// The attempts record of this claim, for its run to say when it waits.
     pub fn attempt_mark(&self) -> AttemptMark {
         AttemptMark {
-            path: self.dir.join(ATTEMPTS),
+            dir: self.dir.clone(),
             started: self.attempts.into(),
+            reached: read_record(&self.dir).1.into(),
         }
     }
 
@@ -145,28 +149,33 @@ impl Claimed {
 
 /// The attempts record of a started run. A run that waits for room downstream (a delivery
 /// outage) is not processing its cube, so the process dying then is not charged to the cube;
-/// and a run that commits a segment has shown the cube gets that far (a resume starts after it),
-/// so the runs before it are forgiven.
+/// and a run that commits a segment no run before it reached has shown the cube gets further
+/// (a resume starts after it), so the runs before it are forgiven.
 #[derive(Debug)]
 pub struct AttemptMark {
-    path: PathBuf,
+    dir: PathBuf,
     started: std::sync::atomic::AtomicU32,
+    /// The most segments any run of the cube committed.
+    reached: std::sync::atomic::AtomicU32,
 }
 
 impl AttemptMark {
     /// Records (synced) that the run waits (`true`: not charged while it does) or goes on.
     pub fn waiting(&self, waiting: bool) -> Result<(), SpoolError> {
-        let started = self.started.load(std::sync::atomic::Ordering::Relaxed);
+        let started = self.started.load(Ordering::Relaxed);
         let n = if waiting { started.saturating_sub(1) } else { started };
-        write_synced(&self.path, format!("{n}\n").as_bytes())
+        write_record(&self.dir, n, self.reached.load(Ordering::Relaxed))
     }
 
-    /// Records (synced) that the run committed a segment: only this run counts from now on.
-    pub fn progressed(&self) -> Result<(), SpoolError> {
-        if self.started.swap(1, std::sync::atomic::Ordering::Relaxed) == 1 {
+    /// Records (synced) that the run committed its first `segments` segments: past what any run
+    /// reached before, only this run counts from now on.
+    pub fn progressed(&self, segments: u32) -> Result<(), SpoolError> {
+        if segments <= self.reached.load(Ordering::Relaxed) {
             return Ok(());
         }
-        write_synced(&self.path, b"1\n")
+        self.reached.store(segments, Ordering::Relaxed);
+        self.started.store(1, Ordering::Relaxed);
+        write_record(&self.dir, 1, segments)
     }
 }
 
@@ -239,15 +248,23 @@ pub(super) fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), SpoolError> 
 
 /// How many times a run of the scene in `dir` started (0 when never recorded).
 pub(super) fn read_attempts(dir: &Path) -> u32 {
-    std::fs::read_to_string(dir.join(ATTEMPTS))
-        .ok()
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(0)
+    read_record(dir).0
 }
 
-/// Records that a run of the scene in `dir` started `n` times.
+/// Records that a run of the scene in `dir` started `n` times (keeping what runs reached).
 pub(super) fn write_attempts(dir: &Path, n: u32) -> Result<(), SpoolError> {
-    write_synced(&dir.join(ATTEMPTS), format!("{n}\n").as_bytes())
+    write_record(dir, n, read_record(dir).1)
+}
+
+/// The attempts record: runs started, and the most segments a run committed (`N SEGMENTS`).
+fn read_record(dir: &Path) -> (u32, u32) {
+    let text = std::fs::read_to_string(dir.join(ATTEMPTS)).unwrap_or_default();
+    let mut words = text.split_whitespace().map(|w| w.parse().unwrap_or(0));
+    (words.next().unwrap_or(0), words.next().unwrap_or(0))
+}
+
+fn write_record(dir: &Path, started: u32, reached: u32) -> Result<(), SpoolError> {
+    write_synced(&dir.join(ATTEMPTS), format!("{started} {reached}\n").as_bytes())
 }
 
 /// Now in UTC, as `YYYY-MM-DDTHH:MM:SSZ`.

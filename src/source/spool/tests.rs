@@ -426,9 +426,18 @@ fn a_run_that_commits_a_segment_forgives_the_runs_before_it() {
     drop(c);
     let mut c = spool.claim_next().unwrap().unwrap();
     assert_eq!(c.start().unwrap(), 2);
-    c.attempt_mark().progressed().unwrap();
+    c.attempt_mark().progressed(1).unwrap();
     drop(c);
     let mut c = spool.claim_next().unwrap().unwrap();
     assert_eq!(c.attempts(), 1, "only the run that got further counts");
     assert_eq!(c.start().unwrap(), 2);
+    // Committing what an earlier run reached again (a run started over) forgives nothing.
+    c.attempt_mark().progressed(1).unwrap();
+    drop(c);
+    let mut c = spool.claim_next().unwrap().unwrap();
+    assert_eq!(c.attempts(), 2);
+    assert_eq!(c.start().unwrap(), 3);
+    c.attempt_mark().progressed(2).unwrap();
+    drop(c);
+    assert_eq!(spool.claim_next().unwrap().unwrap().attempts(), 1);
 }
