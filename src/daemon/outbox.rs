@@ -44,9 +44,7 @@ pub fn claim(outbox: &Path, id: &str) -> Result<PathBuf, DaemonError> {
         match std::fs::create_dir(&dir) {
             Ok(()) => {
                 // Journal and queue records name the folder: its entry is on disk first.
-                std::fs::File::open(outbox)
-                    .and_then(|d| d.sync_all())
-                    .map_err(io(outbox))?;
+                sync_dir(outbox).map_err(io(outbox))?;
                 return Ok(dir);
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
@@ -96,7 +94,7 @@ pub fn move_aside(
     }
     // The move is done: a folder sync that fails (the disk, not the move) does not undo it.
     for d in [&failed, &outbox.to_path_buf()] {
-        let _ = std::fs::File::open(d).and_then(|f| f.sync_all());
+        let _ = sync_dir(d);
     }
     Ok(to)
 }
@@ -109,6 +107,10 @@ pub fn relocate(queue: Option<&crate::delivery::Queue>, from: &Path, to: &Path) 
         what: "recording a scene's move in the delivery queue",
         source: std::io::Error::other(crate::engine::error_chain(&e)),
     })
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
 }
 
 fn write_synced(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
